@@ -1,0 +1,1 @@
+"""verifier_service: compiles, checks and times KernelBench-format CUDA candidates over gRPC."""
