@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import functools
+import os
 import pathlib
 
-import pytest
+# Sharding tests need several devices; on CPU, XLA fakes them. Must be set before JAX initialises.
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+
+import pytest  # noqa: E402
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 SHARED = REPO_ROOT.parent / "shared"

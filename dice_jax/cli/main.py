@@ -1,0 +1,42 @@
+"""`dice`: the trainer-side command line (train, sft, eval, generate, plot).
+
+Each subcommand lives in its own module under dice_jax/cli/ and exposes
+`add_parser(subparsers) -> argparse.ArgumentParser` and `run(args) -> int` (the exit code).
+Imports are deferred to the chosen subcommand so `dice --help` stays fast and a verifier-only
+install can still print help.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# Subcommand name -> module under dice_jax.cli. Order is the order shown in --help.
+COMMANDS = {}
+
+
+def build_parser() -> argparse.ArgumentParser:
+  parser = argparse.ArgumentParser(
+      prog="dice",
+      description="Train diffusion language models to write CUDA kernels (bi-phase RL), and evaluate them.",
+  )
+  subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+  for name, module_name in COMMANDS.items():
+    module = importlib.import_module(f"dice_jax.cli.{module_name}")
+    sub = module.add_parser(subparsers)
+    sub.set_defaults(_run=module.run)
+  return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+  parser = build_parser()
+  args = parser.parse_args(argv)
+  if getattr(args, "_run", None) is None:
+    parser.print_help()
+    return 2
+  return int(args._run(args) or 0)
+
+
+if __name__ == "__main__":
+  sys.exit(main())
