@@ -1,0 +1,1 @@
+"""Training: optimizer, train state, pure jitted steps, and the SFT loop."""

@@ -1,0 +1,87 @@
+"""AdamW with global-norm clipping and a learning-rate schedule, shared by SFT and RL.
+
+Master weights stay in float32 in the train state; the step casts a copy to the compute dtype
+(`cast_floating`) for the forward pass, so gradients and the AdamW moments are float32.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Literal
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from dice_jax.config import require
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimizerConfig:
+  """AdamW hyperparameters. DICE's RL: lr 1e-6, constant, b2 0.999, no weight decay, clip 1.0."""
+  lr: float = 1e-5
+  schedule: Literal["constant", "cosine", "linear"] = "constant"
+  warmup_steps: int = 0
+  # Steps over which cosine/linear decay runs (after warm-up); None: the run's total steps.
+  decay_steps: int | None = None
+  # Cosine/linear end value as a fraction of lr (DICE's `min_lr_scale`).
+  min_lr_ratio: float = 0.0
+  b1: float = 0.9
+  b2: float = 0.999
+  eps: float = 1e-8
+  weight_decay: float = 0.0
+  # Clip the global gradient norm to this value; None turns clipping off.
+  max_grad_norm: float | None = 1.0
+
+  def __post_init__(self):
+    require(self.lr > 0, "lr", f"must be > 0, got {self.lr}")
+    require(self.warmup_steps >= 0, "warmup_steps", f"must be >= 0, got {self.warmup_steps}")
+    require(self.decay_steps is None or self.decay_steps > 0, "decay_steps",
+            f"must be > 0, got {self.decay_steps}")
+    require(0.0 <= self.min_lr_ratio <= 1.0, "min_lr_ratio",
+            f"must be in [0, 1], got {self.min_lr_ratio}")
+    for name in ("b1", "b2"):
+      value = getattr(self, name)
+      require(0.0 <= value < 1.0, name, f"must be in [0, 1), got {value}")
+    require(self.eps > 0, "eps", f"must be > 0, got {self.eps}")
+    require(self.weight_decay >= 0, "weight_decay", f"must be >= 0, got {self.weight_decay}")
+    require(self.max_grad_norm is None or self.max_grad_norm > 0, "max_grad_norm",
+            f"must be > 0 or null, got {self.max_grad_norm}")
+
+
+def make_schedule(cfg: OptimizerConfig, total_steps: int) -> optax.Schedule:
+  """Linear warm-up from 0 to lr, then constant, cosine or linear decay to lr * min_lr_ratio."""
+  decay_steps = cfg.decay_steps or max(total_steps - cfg.warmup_steps, 1)
+  end_lr = cfg.lr * cfg.min_lr_ratio
+  if cfg.schedule == "constant":
+    main = optax.constant_schedule(cfg.lr)
+  elif cfg.schedule == "cosine":
+    main = optax.cosine_decay_schedule(cfg.lr, decay_steps, alpha=cfg.min_lr_ratio)
+  else:
+    main = optax.linear_schedule(cfg.lr, end_lr, decay_steps)
+  if cfg.warmup_steps == 0:
+    return main
+  warmup = optax.linear_schedule(0.0, cfg.lr, cfg.warmup_steps)
+  return optax.join_schedules([warmup, main], boundaries=[cfg.warmup_steps])
+
+
+def decay_mask(params: Any) -> Any:
+  """Weight decay applies to matrices only, not to norm scales or biases (the usual AdamW rule)."""
+  return jax.tree.map(lambda p: p.ndim >= 2, params)
+
+
+def make_optimizer(cfg: OptimizerConfig,
+                   total_steps: int) -> tuple[optax.GradientTransformation, optax.Schedule]:
+  """The optimizer and its schedule (the step logs `schedule(step)` as the learning rate)."""
+  schedule = make_schedule(cfg, total_steps)
+  adamw = optax.adamw(schedule, b1=cfg.b1, b2=cfg.b2, eps=cfg.eps,
+                      weight_decay=cfg.weight_decay, mask=decay_mask)
+  if cfg.max_grad_norm is None:
+    return adamw, schedule
+  return optax.chain(optax.clip_by_global_norm(cfg.max_grad_norm), adamw), schedule
+
+
+def cast_floating(tree: Any, dtype: jnp.dtype) -> Any:
+  """Casts floating leaves to `dtype` (bf16 compute copy of f32 master weights); ints untouched."""
+  return jax.tree.map(
+      lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, tree)
