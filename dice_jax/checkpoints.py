@@ -3,12 +3,17 @@
 One step directory holds three items:
   `state`  the train state pytree (params, optimizer state, RNG, step), saved sharded by every
            process and restored straight onto the shardings of the target given to `restore`;
-  `data`   the grain iterator's position, one small JSON file per process (grain's own handler);
+  `data`   the input pipeline's position: `data_iterator.get_state()` as JSON (a grain
+           DatasetIterator, or any object with `get_state() -> dict` and `set_state(dict)`);
   `meta`   JSON the caller wants back (the resolved config, curriculum phase, wall time ...).
 
 Saves are atomic (orbax writes a temporary directory and renames it once every process has
 finished; leftovers of a killed save are removed at start-up) and may run in the background while
 training continues. `keep` bounds how many step directories stay on disk.
+
+The data state is written once (by the primary process), so it must be the same on every process:
+true for pipelines where all processes share one seeded order and each takes its own slice of
+every global batch (the SFT pipeline and the RL problem streams both work that way).
 """
 
 from __future__ import annotations
@@ -88,13 +93,11 @@ class Checkpointer:
     """Saves when the interval (or a preemption, or `force`) says so; returns whether it did.
 
     The data iterator's position is read now, synchronously, so it matches `state` even when the
-    array writes finish in the background.
+    array writes finish in the background. Call it after the step that consumed the last batch.
     """
     items = {"state": ocp.args.StandardSave(state), "meta": ocp.args.JsonSave(meta or {})}
     if data_iterator is not None:
-      import grain  # deferred: checkpoints without a data pipeline do not need grain
-
-      items["data"] = grain.checkpoint.CheckpointSave(data_iterator)
+      items["data"] = ocp.args.JsonSave(data_iterator.get_state())
     saved = self._manager.save(step, args=ocp.args.Composite(**items), force=force)
     if saved:
       log.info("checkpoint step %d -> %s", step, self.directory)
@@ -116,16 +119,16 @@ class Checkpointer:
                             f"(have: {self.all_steps()})")
     items = {"state": ocp.args.StandardRestore(target), "meta": ocp.args.JsonRestore()}
     if data_iterator is not None:
-      import grain
-
       if not os.path.isdir(os.path.join(self.directory, str(step), "data")):
         raise CheckpointError(f"checkpoint {self.directory}/{step} holds no data-iterator state")
-      items["data"] = grain.checkpoint.CheckpointRestore(data_iterator)
+      items["data"] = ocp.args.JsonRestore()
     try:
       restored = self._manager.restore(step, args=ocp.args.Composite(**items))
     except (ValueError, KeyError, TypeError) as e:
       raise CheckpointError(f"checkpoint {self.directory}/{step} does not match this run "
                             f"(different model or optimizer config?): {e}") from e
+    if data_iterator is not None:
+      data_iterator.set_state(restored["data"])
     return Restored(step=step, state=restored["state"], meta=dict(restored["meta"] or {}))
 
   def wait(self) -> None:

@@ -66,8 +66,15 @@ def make_schedule(cfg: OptimizerConfig, total_steps: int) -> optax.Schedule:
 
 
 def decay_mask(params: Any) -> Any:
-  """Weight decay applies to matrices only, not to norm scales or biases (the usual AdamW rule)."""
-  return jax.tree.map(lambda p: p.ndim >= 2, params)
+  """Weight decay for weight matrices only: not norm scales, not biases (the usual AdamW rule).
+
+  Decided by name first (a path containing "norm" or "bias" is not decayed), then by ndim >= 2:
+  with layers stacked for `lax.scan` a norm scale is 2-D, so ndim alone is not enough.
+  """
+  def rule(path, p):
+    name = jax.tree_util.keystr(path).lower()
+    return not ("norm" in name or "bias" in name) and p.ndim >= 2
+  return jax.tree_util.tree_map_with_path(rule, params)
 
 
 def make_optimizer(cfg: OptimizerConfig,

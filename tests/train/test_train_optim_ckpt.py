@@ -12,7 +12,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from dice_jax.checkpoints import CheckpointError, Checkpointer
 from dice_jax.config import ConfigError, load_config
-from dice_jax.train.optim import OptimizerConfig, cast_floating, make_optimizer, make_schedule
+from dice_jax.train.optim import (OptimizerConfig, cast_floating, decay_mask, make_optimizer,
+                                  make_schedule)
 from dice_jax.train.step import compile_train_step, format_memory_analysis, make_train_step
 from dice_jax.train.train_state import (TrainState, abstract_params_of, abstract_state,
                                         create_train_state, state_shardings)
@@ -101,6 +102,11 @@ def test_clipping_decay_mask_and_bf16_cast():
   tx_wd, _ = make_optimizer(OptimizerConfig(lr=0.5, weight_decay=0.1), 10)
   updates, _ = tx_wd.update(jax.tree.map(jnp.zeros_like, params), tx_wd.init(params), params)
   assert float(updates["w"][0, 0]) == pytest.approx(-0.05) and float(updates["scale"][0]) == 0.0
+  # Norm scales and biases stacked over layers are 2-D, and still not decayed.
+  stacked = {"layers": {"input_norm": {"weight": jnp.ones((2, 4))}, "q_bias": jnp.ones((2, 4)),
+                        "q_proj": jnp.ones((2, 4, 4))}}
+  assert decay_mask(stacked) == {"layers": {"input_norm": {"weight": False}, "q_bias": False,
+                                            "q_proj": True}}
   cast = cast_floating({"w": jnp.ones(2), "i": jnp.ones(2, jnp.int32)}, jnp.bfloat16)
   assert cast["w"].dtype == jnp.bfloat16 and cast["i"].dtype == jnp.int32
   del tx
