@@ -1,0 +1,60 @@
+"""Masked-diffusion losses: pure functions of logits, targets and masks (no model inside).
+
+The MDLM/LLaDA objective is the negative ELBO
+    L = E_t [ (1/t) * sum_{i masked} -log p(x0_i | x_t) ] / normaliser,
+a cross-entropy on masked positions only, each weighted by 1/t of its sequence.
+Normalisers: "tokens" divides by the number of response tokens in the batch (SDAR's
+`loss / answer_len`); "sequence" divides each sequence by its own response length and averages
+over the batch (LLaDA's SFT). Logits predict the token at the *same* position (Dream-style models
+are shifted in the model, see ModelConfig.logits_shift).
+
+SDAR's block-diffusion objective is the same sum over the masked positions of the noisy half of a
+two-copy forward pass `[x_t | x_0]` (the clean half only provides context).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+NORMALIZERS = ("tokens", "sequence")
+
+
+def token_nll(logits_BxLxV: jax.Array, targets_BxL: jax.Array) -> jax.Array:
+  """-log softmax(logits)[target] per position, in float32."""
+  logits = logits_BxLxV.astype(jnp.float32)
+  target_logit_BxL = jnp.take_along_axis(logits, targets_BxL[..., None], axis=-1)[..., 0]
+  return jax.nn.logsumexp(logits, axis=-1) - target_logit_BxL
+
+
+def masked_diffusion_loss(logits_BxLxV: jax.Array, targets_BxL: jax.Array, masked_BxL: jax.Array,
+                          t_B: jax.Array, response_BxL: jax.Array, *, normalize: str = "tokens"
+                          ) -> tuple[jax.Array, dict[str, jax.Array]]:
+  """1/t-weighted cross-entropy on masked positions; returns (loss, metrics)."""
+  if normalize not in NORMALIZERS:
+    raise ValueError(f"normalize={normalize!r}; choose one of {NORMALIZERS}")
+  masked = masked_BxL.astype(jnp.float32)
+  nll_BxL = token_nll(logits_BxLxV, targets_BxL) * masked
+  weighted_BxL = nll_BxL / t_B[:, None].astype(jnp.float32)
+  response_B = jnp.sum(response_BxL.astype(jnp.float32), axis=1)
+  if normalize == "tokens":
+    loss = jnp.sum(weighted_BxL) / jnp.maximum(jnp.sum(response_B), 1.0)
+  else:
+    loss = jnp.mean(jnp.sum(weighted_BxL, axis=1) / jnp.maximum(response_B, 1.0))
+  num_masked = jnp.sum(masked)
+  metrics = {"loss": loss, "masked_tokens": num_masked, "response_tokens": jnp.sum(response_B),
+             "masked_nll": jnp.sum(nll_BxL) / jnp.maximum(num_masked, 1.0)}
+  return loss, metrics
+
+
+def block_diffusion_loss(logits: jax.Array, targets_BxL: jax.Array, masked_BxL: jax.Array, t_B: jax.Array,
+                         response_BxL: jax.Array, *, normalize: str = "tokens"
+                         ) -> tuple[jax.Array, dict[str, jax.Array]]:
+  """SDAR's objective from two-copy logits: B x 2L x V, or the noisy half only (B x L x V)."""
+  length = targets_BxL.shape[1]
+  if logits.shape[1] == 2 * length:
+    logits = logits[:, :length]
+  elif logits.shape[1] != length:
+    raise ValueError(f"two-copy logits must cover 2L={2 * length} or the noisy L={length} positions, "
+                     f"got {logits.shape[1]}")
+  return masked_diffusion_loss(logits, targets_BxL, masked_BxL, t_B, response_BxL, normalize=normalize)

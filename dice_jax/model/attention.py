@@ -1,0 +1,147 @@
+"""Grouped-query self-attention, split so that a KV cache plugs in without rewriting it.
+
+    q, k, v = attn.qkv(x_BxLxD, positions_BxL)     # projections, q/k RMSNorm, RoPE at given positions
+    o = attend(q, k_all, v_all, mask, impl)         # scores + softmax only; keys may include a cache
+    y_BxLxD = attn.output(o)
+
+`Attention.__call__` runs the three with an optional `kv_prefix` (keys/values computed earlier,
+already rotated) concatenated in front of this call's keys, and returns this call's (k, v) so a
+sampler can append them to its cache. The mask then spans [prefix | new] keys (an explicit mask).
+
+Kernels (`attend`), per mask kind:
+- bidirectional: cuDNN flash with no mask (or cuDNN's native padding mask for kv_lengths).
+- causal: cuDNN flash with its native (padding-)causal mask (skips the upper triangle).
+- block_causal: cuDNN flash with the mask given as a dense [1,1,L,L] bias: fused and O(L) memory,
+  but no block skipping and an extra bias read (cuDNN has no block-causal mask type).
+- two_copy: two cuDNN calls: clean queries over clean keys (block-causal, L/2 x L/2) and noisy
+  queries over [noisy | clean] keys (L/2 x L), i.e. 3/4 of the dense 2-copy attention cost.
+- explicit: cuDNN flash with the boolean mask as a [B,1,Q,K] bias.
+On CPU and TPU every kind takes XLA's dot_product_attention (scores materialised; fine for tests
+and small shapes; no Pallas splash kernel yet). On GPU, XLA attention measured ~2x slower than
+cuDNN (../shared/device/README.md), so `attention_impl="auto"` never takes it silently: it logs a
+warning saying why (e.g. float32 compute), and `attention_impl="cudnn"` raises instead.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jax.ad_checkpoint import checkpoint_name
+
+from dice_jax.model import masks
+from dice_jax.model.config import ModelConfig
+from dice_jax.model.layers import DENSE_INIT, RMSNorm, apply_rope, make_param, rope_tables
+from dice_jax.sharding import constrain
+
+_ACT_HEADS = ("batch", "length", "act_heads", None)
+
+
+@functools.cache
+def _log_once(level: int, message: str) -> None:
+  logging.log(level, message)
+
+
+def choose_implementation(requested: str, dtype: jnp.dtype, head_dim: int) -> str:
+  """'cudnn' or 'xla' for this backend/dtype; never a silent downgrade on GPU."""
+  backend = jax.default_backend()
+  if requested == "xla":
+    if backend == "gpu":
+      _log_once(logging.WARNING, "attention_impl='xla' on GPU: scores are materialised, ~2x slower than cuDNN")
+    return "xla"
+  problems = []
+  if backend != "gpu":
+    problems.append(f"backend is {backend}")
+  if jnp.dtype(dtype) not in (jnp.bfloat16, jnp.float16):
+    problems.append(f"compute dtype is {jnp.dtype(dtype).name} (cuDNN flash needs bfloat16 or float16)")
+  if head_dim % 8 or head_dim > 256:
+    problems.append(f"head_dim {head_dim} (cuDNN needs a multiple of 8, at most 256)")
+  if not problems:
+    return "cudnn"
+  if requested == "cudnn":
+    raise ValueError(f"attention_impl='cudnn' is impossible here: {'; '.join(problems)}")
+  if backend == "gpu":
+    _log_once(logging.WARNING, f"cuDNN attention unavailable ({'; '.join(problems)}): using XLA attention, "
+              "which materialises scores and is ~2x slower")
+  return "xla"
+
+
+def attend(q_BxQxHxK: jax.Array, k_BxSxGxK: jax.Array, v_BxSxGxK: jax.Array, mask: masks.AttentionMask,
+           implementation: str) -> jax.Array:
+  """Softmax(q k^T / sqrt(K) + mask) v for grouped-query heads (H a multiple of G)."""
+  dpa = functools.partial(jax.nn.dot_product_attention, implementation=implementation)
+  q_len, k_len = q_BxQxHxK.shape[1], k_BxSxGxK.shape[1]
+  lengths = None if mask.kv_lengths_B is None else mask.kv_lengths_B.astype(jnp.int32)
+  _log_once(logging.INFO, f"attention mask={mask.kind} -> {implementation}")
+  if mask.kind == "bidirectional":
+    return dpa(q_BxQxHxK, k_BxSxGxK, v_BxSxGxK, key_value_seq_lengths=lengths)
+  if mask.kind == "causal":
+    if q_len != k_len:
+      raise ValueError(f"causal attention needs as many queries as keys ({q_len} != {k_len})")
+    return dpa(q_BxQxHxK, k_BxSxGxK, v_BxSxGxK, is_causal=True, key_value_seq_lengths=lengths)
+  if mask.kind == "two_copy":
+    n = q_len // 2
+    if q_len != k_len or q_len % 2:
+      raise ValueError(f"two_copy attention needs equal, even query/key lengths, got {q_len}/{k_len}")
+    noisy_mask = masks.two_copy_noisy_QxK(n, mask.block_size)[None, None]
+    clean_mask = masks.dense(masks.block_causal(mask.block_size), n, n)[:, None]
+    out_noisy = dpa(q_BxQxHxK[:, :n], k_BxSxGxK, v_BxSxGxK, mask=noisy_mask)
+    out_clean = dpa(q_BxQxHxK[:, n:], k_BxSxGxK[:, n:], v_BxSxGxK[:, n:], mask=clean_mask)
+    return jnp.concatenate([out_noisy, out_clean], axis=1)
+  return dpa(q_BxQxHxK, k_BxSxGxK, v_BxSxGxK, mask=masks.dense(mask, q_len, k_len)[:, None])
+
+
+class Attention(nnx.Module):
+  """q/k/v/o projections stored per head ([D, H, K], [H, K, D]) so heads shard over 'tensor'."""
+
+  def __init__(self, config: ModelConfig, *, layers: int | None = None, rngs: nnx.Rngs):
+    d, h, g, k = config.hidden_size, config.num_heads, config.num_kv_heads, config.head_dim
+    pdt = config.weight_dtype
+    self.config = config
+    self.q_proj = make_param(rngs, DENSE_INIT, (d, h, k), ("embed", "q_heads", "head_dim"), pdt, layers)
+    self.k_proj = make_param(rngs, DENSE_INIT, (d, g, k), ("embed", "kv_heads", "head_dim"), pdt, layers)
+    self.v_proj = make_param(rngs, DENSE_INIT, (d, g, k), ("embed", "kv_heads", "head_dim"), pdt, layers)
+    self.o_proj = make_param(rngs, DENSE_INIT, (h, k, d), ("q_heads", "head_dim", "embed"), pdt, layers)
+    if config.qkv_bias:
+      zeros = nnx.initializers.zeros
+      self.q_bias = make_param(rngs, zeros, (h, k), ("q_heads", "head_dim"), pdt, layers)
+      self.k_bias = make_param(rngs, zeros, (g, k), ("kv_heads", "head_dim"), pdt, layers)
+      self.v_bias = make_param(rngs, zeros, (g, k), ("kv_heads", "head_dim"), pdt, layers)
+    if config.qk_norm:
+      self.q_norm = RMSNorm(k, config.rms_norm_eps, param_dtype=pdt, layers=layers, rngs=rngs)
+      self.k_norm = RMSNorm(k, config.rms_norm_eps, param_dtype=pdt, layers=layers, rngs=rngs)
+
+  def qkv(self, x_BxLxD: jax.Array, positions_BxL: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Projected, normalised and rotated q (BxLxHxK) and k, v (BxLxGxK) at the given positions."""
+    cfg, dt = self.config, self.config.compute_dtype
+    q = jnp.einsum("bld,dhk->blhk", x_BxLxD, self.q_proj[...].astype(dt))
+    k = jnp.einsum("bld,dgk->blgk", x_BxLxD, self.k_proj[...].astype(dt))
+    v = jnp.einsum("bld,dgk->blgk", x_BxLxD, self.v_proj[...].astype(dt))
+    if cfg.qkv_bias:
+      q, k, v = q + self.q_bias[...].astype(dt), k + self.k_bias[...].astype(dt), v + self.v_bias[...].astype(dt)
+    if cfg.qk_norm:
+      q, k = self.q_norm(q), self.k_norm(k)
+    cos, sin = rope_tables(positions_BxL, cfg.head_dim, cfg.rope_theta)
+    q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+    q, k, v = (constrain(t, _ACT_HEADS) for t in (q, k, v))
+    return checkpoint_name(q, "query"), checkpoint_name(k, "key"), checkpoint_name(v, "value")
+
+  def output(self, o_BxLxHxK: jax.Array) -> jax.Array:
+    y = jnp.einsum("blhk,hkd->bld", o_BxLxHxK, self.o_proj[...].astype(self.config.compute_dtype))
+    return checkpoint_name(y, "attn_proj")
+
+  def __call__(self, x_BxLxD: jax.Array, positions_BxL: jax.Array, mask: masks.AttentionMask,
+               kv_prefix: tuple[jax.Array, jax.Array] | None = None
+               ) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
+    """Self-attention over [kv_prefix | this call's tokens]; returns (y_BxLxD, (k, v) of this call)."""
+    q, k, v = self.qkv(x_BxLxD, positions_BxL)
+    k_all, v_all = k, v
+    if kv_prefix is not None:
+      k_all = jnp.concatenate([kv_prefix[0].astype(k.dtype), k], axis=1)
+      v_all = jnp.concatenate([kv_prefix[1].astype(v.dtype), v], axis=1)
+    impl = choose_implementation(self.config.attention_impl, q.dtype, self.config.head_dim)
+    o = checkpoint_name(constrain(attend(q, k_all, v_all, mask, impl), _ACT_HEADS), "attn_out")
+    return self.output(o), (k, v)

@@ -1,0 +1,150 @@
+"""The decoder: embedding, a stack of pre-norm blocks scanned over layers, final norm, lm_head.
+
+Run it as a pure function: split once outside jit, then jit over (graphdef, state):
+
+    graphdef, state = nnx.split(model)
+    logits_BxLxV = jax.jit(forward, static_argnums=0)(graphdef, state, tokens_BxL)   # or inside a step
+
+`model(tokens_BxL, attention="block_causal")` is the same computation called eagerly.
+Parameters are stacked over layers ([num_layers, ...]) whether or not `scan_layers` is on, so a
+checkpoint, the sharding rules and the optimizer state look the same either way.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jax.sharding import Mesh
+
+from dice_jax import sharding
+from dice_jax.model import masks
+from dice_jax.model.attention import Attention
+from dice_jax.model.config import ModelConfig
+from dice_jax.model.layers import DENSE_INIT, MLP, RMSNorm, make_param
+
+_cp = jax.checkpoint_policies
+# Remat policy names (ModelConfig.remat) -> what the backward pass may keep instead of recomputing.
+REMAT_POLICIES = {
+    "none": None,  # no rematerialisation: keep everything (fastest, most memory)
+    "minimal": _cp.save_only_these_names(  # keep matmul and attention outputs, recompute norms/RoPE/SwiGLU
+        "query", "key", "value", "attn_out", "attn_proj", "mlp_gate", "mlp_up", "mlp_out"),
+    "dots": _cp.dots_saveable,  # keep every matmul output (the attention kernel is recomputed)
+    "dots_no_batch": _cp.dots_with_no_batch_dims_saveable,  # keep almost nothing in a layer
+    "full": _cp.nothing_saveable,  # keep only each layer's input
+}
+
+KVCache = tuple[jax.Array, jax.Array]  # (k, v), each [num_layers, B, S, G, K], rotated
+
+
+class Block(nnx.Module):
+  """Pre-norm decoder layer: x + attn(norm(x)), then x + mlp(norm(x)). Params stacked over layers."""
+
+  def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+    n, pdt, eps = config.num_layers, config.weight_dtype, config.rms_norm_eps
+    self.input_norm = RMSNorm(config.hidden_size, eps, param_dtype=pdt, layers=n, rngs=rngs)
+    self.attn = Attention(config, layers=n, rngs=rngs)
+    self.post_attn_norm = RMSNorm(config.hidden_size, eps, param_dtype=pdt, layers=n, rngs=rngs)
+    self.mlp = MLP(config, layers=n, rngs=rngs)
+
+  def __call__(self, x_BxLxD, positions_BxL, mask, kv_prefix=None):
+    h_BxLxD, kv = self.attn(self.input_norm(x_BxLxD), positions_BxL, mask, kv_prefix)
+    x_BxLxD = sharding.constrain(x_BxLxD + h_BxLxD, ("batch", "length", "act_embed"))
+    x_BxLxD = x_BxLxD + self.mlp(self.post_attn_norm(x_BxLxD))
+    return sharding.constrain(x_BxLxD, ("batch", "length", "act_embed")), kv
+
+
+class Transformer(nnx.Module):
+  """SDAR/Qwen3/Qwen2/LLaMA/LLaDA decoder; see ModelConfig for what each architecture switches."""
+
+  def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+    d, v, pdt = config.hidden_size, config.vocab_size, config.weight_dtype
+    self.config = config
+    self.embed = make_param(rngs, DENSE_INIT, (v, d), ("vocab", "embed"), pdt)
+    self.layers = Block(config, rngs=rngs)
+    self.final_norm = RMSNorm(d, config.rms_norm_eps, param_dtype=pdt, rngs=rngs)
+    if not config.tie_word_embeddings:
+      self.lm_head = make_param(rngs, DENSE_INIT, (d, v), ("embed", "vocab"), pdt)
+
+  def __call__(self, tokens_BxL: jax.Array, attention: str | masks.AttentionMask | None = None, *,
+               positions_BxL: jax.Array | None = None, logits_slice: tuple[int, int] | None = None,
+               kv_prefix: KVCache | None = None, return_kv: bool = False):
+    """Logits BxLxV (float32) at every position, or at positions [logits_slice[0], logits_slice[1]).
+
+    attention: a kind name ("block_causal", "bidirectional", "causal", "two_copy") or an
+      AttentionMask; default: the architecture's (config.attention).
+    positions_BxL: RoPE positions; default 0..L-1 (two_copy: 0..L/2-1 twice).
+    kv_prefix: cached (k, v) per layer, [num_layers, B, S, G, K], attended before these tokens;
+      the mask must then cover S + L keys (masks.explicit).
+    return_kv: also return this call's (k, v) per layer, [num_layers, B, L, G, K], for a cache.
+    """
+    cfg = self.config
+    mask = masks.as_mask(cfg.attention if attention is None else attention, cfg.block_size)
+    batch, length = tokens_BxL.shape
+    if positions_BxL is None:
+      positions_BxL = masks.default_positions(mask, batch, length)
+    x_BxLxD = jnp.take(self.embed[...], tokens_BxL, axis=0).astype(cfg.compute_dtype)
+    x_BxLxD = sharding.constrain(x_BxLxD, ("batch", "length", "act_embed"))
+    x_BxLxD, kv = self._run_layers(x_BxLxD, positions_BxL, mask, kv_prefix, return_kv)
+    if cfg.logits_shift:  # Dream: hidden state i predicts token i+1; move it to position i+1
+      x_BxLxD = jnp.concatenate([x_BxLxD[:, :1], x_BxLxD[:, :-1]], axis=1)
+    if logits_slice is not None:
+      x_BxLxD = x_BxLxD[:, logits_slice[0]:logits_slice[1]]
+    x_BxLxD = self.final_norm(x_BxLxD)
+    head_DxV = self.embed[...].T if cfg.tie_word_embeddings else self.lm_head[...]
+    logits_BxLxV = jnp.einsum("bld,dv->blv", x_BxLxD, head_DxV.astype(cfg.compute_dtype),
+                              preferred_element_type=jnp.float32)
+    logits_BxLxV = sharding.constrain(logits_BxLxV, ("batch", "length", "act_vocab"))
+    return (logits_BxLxV, kv) if return_kv else logits_BxLxV
+
+  def _run_layers(self, x_BxLxD, positions_BxL, mask, kv_prefix, return_kv):
+    cfg = self.config
+    graphdef, layer_state = nnx.split(self.layers)
+
+    def body(x, layer_and_prefix):
+      params, prefix = layer_and_prefix
+      x, kv = nnx.merge(graphdef, params)(x, positions_BxL, mask, prefix)
+      return x, (kv if return_kv else None)
+
+    policy = REMAT_POLICIES[cfg.remat]
+    if cfg.remat != "none":
+      body = jax.checkpoint(body, policy=policy, prevent_cse=not cfg.scan_layers)
+    if cfg.scan_layers:
+      return jax.lax.scan(body, x_BxLxD, (layer_state, kv_prefix))
+    kvs = []
+    for i in range(cfg.num_layers):
+      x_BxLxD, kv = body(x_BxLxD, jax.tree.map(lambda a: a[i], (layer_state, kv_prefix)))
+      kvs.append(kv)
+    return x_BxLxD, (jax.tree.map(lambda *a: jnp.stack(a), *kvs) if return_kv else None)
+
+
+def forward(graphdef: nnx.GraphDef, state: nnx.State, tokens_BxL: jax.Array,
+            attention: str | masks.AttentionMask | None = None, **kwargs):
+  """The pure entry point: logits of the model (graphdef, state); kwargs as Transformer.__call__."""
+  return nnx.merge(graphdef, state)(tokens_BxL, attention, **kwargs)
+
+
+def abstract_model(config: ModelConfig) -> tuple[nnx.GraphDef, nnx.State]:
+  """Graph definition and parameter shapes/dtypes/logical axes, allocating nothing."""
+  return nnx.split(nnx.eval_shape(lambda: Transformer(config, rngs=nnx.Rngs(0))))
+
+
+def single_device_mesh() -> Mesh:
+  return sharding.make_mesh(1, 1, 1, devices=jax.devices()[:1])
+
+
+def init_model(config: ModelConfig, *, mesh: Mesh | None = None, seed: int = 0) -> Transformer:
+  """A randomly initialised model whose parameters are created already sharded over `mesh`."""
+  mesh = mesh or single_device_mesh()
+  graphdef, abstract_state = abstract_model(config)
+  shardings = sharding.state_shardings(abstract_state, mesh)
+
+  def init(key):
+    return nnx.state(Transformer(config, rngs=nnx.Rngs(params=key)))
+
+  state = jax.jit(init, out_shardings=shardings)(jax.random.key(seed))
+  return nnx.merge(graphdef, state)
+
+
+def count_params(state: nnx.State) -> int:
+  return sum(x.size for x in jax.tree.leaves(state))
