@@ -63,8 +63,9 @@ class Checkpointer:
   def __init__(self, directory: str, *, every_steps: int = 500, keep: int = 3,
                async_save: bool = True):
     self.directory = os.path.abspath(os.path.expanduser(directory))
+    # An explicit interval rule: orbax's default also saves the first step of a fresh run.
     options = ocp.CheckpointManagerOptions(
-        save_interval_steps=every_steps, max_to_keep=keep,
+        should_save_fn=lambda step, _last: step % every_steps == 0, max_to_keep=keep,
         enable_async_checkpointing=async_save, cleanup_tmp_directories=True, create=True)
     self._manager = ocp.CheckpointManager(self.directory, options=options,
                                           item_names=("state", "data", "meta"))

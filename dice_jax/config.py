@@ -169,19 +169,22 @@ def _unknown_key(where: str, key: str, known: Sequence[str]) -> ConfigError:
 
 def from_dict(schema: type[T], data: Mapping[str, Any], *, where: str = "") -> T:
   """Builds dataclass `schema` from a nested mapping: converts types, rejects unknown keys."""
-  names = [f.name for f in dataclasses.fields(schema) if f.init]
+  fields = [f for f in dataclasses.fields(schema) if f.init]
+  names = [f.name for f in fields]
   hints = _hints(schema)
   kwargs = {}
   for key, value in data.items():
     if key not in names:
       raise _unknown_key(where, str(key), names)
     kwargs[key] = _convert(value, hints[key], _join(where, key))
+  for f in fields:
+    if f.name not in kwargs and f.default is dataclasses.MISSING and (
+        f.default_factory is dataclasses.MISSING):
+      raise ConfigError(f"{_join(where, f.name)}: required, and not given")
   try:
     return schema(**kwargs)
   except ConfigError as e:
     raise ConfigError(_join(where, str(e))) from None
-  except TypeError as e:  # a field without a default was not given
-    raise ConfigError(f"{where or schema.__name__}: {e}") from None
 
 
 def to_dict(cfg: Any) -> Any:

@@ -38,6 +38,20 @@ class DistributedConfig:
             f"must be >= 0, got {self.process_id}")
 
 
+@dataclasses.dataclass(frozen=True)
+class MeshConfig:
+  """Sizes of the (data, fsdp, tensor) mesh axes (dice_jax.sharding); one may be -1: the rest."""
+  data: int = 1
+  fsdp: int = -1
+  tensor: int = 1
+
+  def __post_init__(self):
+    sizes = (self.data, self.fsdp, self.tensor)
+    require(sizes.count(-1) <= 1, "fsdp", f"at most one axis may be -1, got {sizes}")
+    for name, size in zip(("data", "fsdp", "tensor"), sizes):
+      require(size == -1 or size > 0, name, f"must be > 0 or -1, got {size}")
+
+
 def _int_env(env: Mapping[str, str], name: str) -> int:
   try:
     return int(env.get(name, "1"))
