@@ -1,0 +1,65 @@
+"""Stage 1: static rejections carry one clear reason; unusable references are not the candidate's
+fault."""
+
+from __future__ import annotations
+
+import pytest
+
+from verifier_service import checks
+
+import verifier_kernels as kernels
+
+_GOOD = kernels.cuda_candidate()
+
+
+@pytest.mark.parametrize("candidate, outcome, stage, reason", [
+    ("def broken(:\n", "REJECTED", "STAGE_PARSE", "not valid Python: line 1"),
+    ("import torch\nclass Other: pass\n", "REJECTED", "STAGE_STATIC_CHECK",
+     "does not define ModelNew"),
+    (_GOOD.replace("class ModelNew(nn.Module)", "class ModelNew(Model)"), "REJECTED",
+     "STAGE_STATIC_CHECK", "subclasses the reference Model"),
+    ("import torch.nn as nn\nclass ModelNew(nn.Module):\n  def forward(self, x): return x\n",
+     "REJECTED", "STAGE_STATIC_CHECK", "never calls load_inline"),
+    (_GOOD.replace('cuda_sources=source,', ''), "REJECTED", "STAGE_STATIC_CHECK",
+     "no cuda_sources"),
+    (_GOOD.replace("__global__", "__device__"), "REJECTED", "STAGE_STATIC_CHECK",
+     "define no __global__ kernel"),
+    (_GOOD.replace("scaled_add_kernel<<<(n + 255) / 256, 256>>>(",
+                   "if (false) (void)sizeof(int); (void)("), "REJECTED", "STAGE_STATIC_CHECK",
+     "scaled_add_kernel are never launched"),
+    (_GOOD.replace('source = """', 'source = open("k.cu").read() + """'), "REJECTED",
+     "STAGE_STATIC_CHECK", "cannot be resolved without running the candidate"),
+])
+def test_candidate_rejections(candidate, outcome, stage, reason):
+  report = checks.check_sources(kernels.REFERENCE, candidate)
+  assert (report.outcome, report.stage) == (outcome, stage)
+  assert reason in report.message
+
+
+def test_decoy_kernel_is_reported_as_exploit():
+  decoy = _GOOD.replace("scaled_add_kernel<<<(n + 255) / 256, 256>>>(",
+                        "(void)(")
+  report = checks.check_sources(kernels.REFERENCE, decoy)
+  assert [k for k, _ in report.exploits] == ["NO_CUSTOM_KERNEL_LAUNCHED"]
+
+
+@pytest.mark.parametrize("reference, stage, reason", [
+    ("class Model(:\n", "STAGE_PARSE", "reference is not valid Python"),
+    (kernels.REFERENCE.replace("def get_inputs", "def make_inputs"), "STAGE_STATIC_CHECK",
+     "does not define get_inputs"),
+    (kernels.REFERENCE.replace("class Model", "class Net").replace("def get_init_inputs",
+                                                                    "def init"),
+     "STAGE_STATIC_CHECK", "does not define Model, get_init_inputs"),
+])
+def test_bad_reference_is_not_the_candidates_fault(reference, stage, reason):
+  report = checks.check_sources(reference, _GOOD)
+  assert (report.outcome, report.stage) == ("BAD_REFERENCE", stage)
+  assert reason in report.message
+
+
+def test_cpu_only_candidates_pass_only_in_cpu_test_mode():
+  cpp = kernels.cpp_candidate("scaled_add")
+  assert checks.check_sources(kernels.REFERENCE, cpp).outcome == "REJECTED"
+  report = checks.check_sources(kernels.REFERENCE, cpp, allow_cpu_only=True)
+  assert report.outcome is None
+  assert report.exported_functions == list(kernels.CPP_FUNCTIONS)
