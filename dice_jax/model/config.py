@@ -69,7 +69,9 @@ class ModelConfig:
   remat: str = "none"  # one of REMAT_POLICIES (dice_jax.model.transformer maps them)
   scan_layers: bool = True  # lax.scan over stacked layers; False unrolls (same parameter layout)
   attention_impl: str = "auto"  # auto | cudnn | xla (dice_jax.model.attention)
-  hf_config_json: str = "{}"  # the config.json this came from, written back by to_hf_dict
+  # The config.json this came from, written back by to_hf_dict (not part of equality: it does not
+  # change the computation, and jit caches key on the config).
+  hf_config_json: str = dataclasses.field(default="{}", compare=False, repr=False)
 
   def __post_init__(self):
     if self.architecture not in _DEFAULT_ATTENTION:

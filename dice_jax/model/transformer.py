@@ -83,7 +83,10 @@ class Transformer(nnx.Module):
     batch, length = tokens_BxL.shape
     if positions_BxL is None:
       positions_BxL = masks.default_positions(mask, batch, length)
-    x_BxLxD = jnp.take(self.embed[...], tokens_BxL, axis=0).astype(cfg.compute_dtype)
+    # Gather the fsdp-sharded embedding dim first (FSDP gathers every weight anyway) so the lookup
+    # partitions cleanly: rows stay split over 'tensor', the batch over data x fsdp.
+    table_VxD = sharding.constrain(self.embed[...], ("vocab", None))
+    x_BxLxD = jnp.take(table_VxD, tokens_BxL, axis=0).astype(cfg.compute_dtype)
     x_BxLxD = sharding.constrain(x_BxLxD, ("batch", "length", "act_embed"))
     x_BxLxD, kv = self._run_layers(x_BxLxD, positions_BxL, mask, kv_prefix, return_kv)
     if cfg.logits_shift:  # Dream: hidden state i predicts token i+1; move it to position i+1

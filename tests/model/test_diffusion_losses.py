@@ -1,0 +1,66 @@
+"""Noising and diffusion losses against small cases computed by hand."""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from dice_jax.diffusion import losses, noising
+
+
+def test_token_nll_by_hand():
+  logits = jnp.array([[[2.0, 0.0, 0.0], [0.0, 0.0, 0.0]]])
+  nll = losses.token_nll(logits, jnp.array([[0, 2]]))
+  np.testing.assert_allclose(nll, [[math.log(math.e**2 + 2) - 2, math.log(3)]], rtol=1e-6)
+
+
+def test_masked_diffusion_loss_by_hand():
+  # Batch of 2, length 4, vocab 4, uniform logits except one confident position.
+  logits = np.zeros((2, 4, 4), np.float32)
+  logits[0, 1] = [0.0, 3.0, 0.0, 0.0]
+  targets = jnp.array([[0, 1, 2, 3], [3, 2, 1, 0]])
+  masked = jnp.array([[0, 1, 1, 0], [0, 0, 0, 1]], bool)
+  response = jnp.array([[0, 1, 1, 1], [0, 0, 1, 1]], bool)  # position 0 is the prompt
+  t = jnp.array([0.5, 0.25])
+  nll_confident = math.log(math.e**3 + 3) - 3
+  row0 = (nll_confident + math.log(4)) / 0.5
+  row1 = math.log(4) / 0.25
+  loss, metrics = losses.masked_diffusion_loss(jnp.asarray(logits), targets, masked, t, response)
+  np.testing.assert_allclose(loss, (row0 + row1) / 5, rtol=1e-6)  # 5 response tokens in the batch
+  seq_loss, _ = losses.masked_diffusion_loss(jnp.asarray(logits), targets, masked, t, response, normalize="sequence")
+  np.testing.assert_allclose(seq_loss, (row0 / 3 + row1 / 2) / 2, rtol=1e-6)
+  assert float(metrics["masked_tokens"]) == 3 and float(metrics["response_tokens"]) == 5
+  np.testing.assert_allclose(metrics["masked_nll"], (nll_confident + 2 * math.log(4)) / 3, rtol=1e-6)
+
+
+def test_block_diffusion_loss_uses_only_the_noisy_half():
+  rng = np.random.default_rng(0)
+  noisy_logits = jnp.asarray(rng.normal(size=(1, 4, 5)), jnp.float32)
+  clean_logits = jnp.full((1, 4, 5), 1e6)  # would dominate if it were used
+  targets = jnp.array([[1, 2, 3, 4]])
+  masked = jnp.array([[1, 0, 1, 1]], bool)
+  response = jnp.ones((1, 4), bool)
+  t = jnp.array([0.8])
+  full, _ = losses.block_diffusion_loss(jnp.concatenate([noisy_logits, clean_logits], 1), targets, masked, t, response)
+  half, _ = losses.block_diffusion_loss(noisy_logits, targets, masked, t, response)
+  nll = -jax.nn.log_softmax(noisy_logits[0], axis=-1)[jnp.arange(4), targets[0]]
+  np.testing.assert_allclose(full, (nll[0] + nll[2] + nll[3]) / 0.8 / 4, rtol=1e-6)
+  np.testing.assert_allclose(half, full, rtol=1e-7)
+  with pytest.raises(ValueError, match="two-copy logits"):
+    losses.block_diffusion_loss(noisy_logits[:, :3], targets, masked, t, response)
+
+
+def test_noising_never_masks_the_prompt_and_follows_t():
+  tokens = jnp.arange(4000).reshape(2, 2000) % 100
+  maskable = jnp.arange(2000)[None, :] >= 500  # first 500 tokens: prompt
+  t = jnp.array([0.3, 0.9])
+  noisy, masked = noising.mask_tokens(jax.random.key(0), tokens, jnp.broadcast_to(maskable, (2, 2000)), t, 999)
+  assert not bool(jnp.any(masked[:, :500]))
+  np.testing.assert_array_equal(jnp.where(masked, 999, tokens), noisy)
+  np.testing.assert_allclose(jnp.mean(masked[:, 500:], axis=1), t, atol=0.03)
+  rates = noising.sample_mask_rate(jax.random.key(1), 10000, eps=0.1)
+  assert float(rates.min()) >= 0.1 and float(rates.max()) <= 1.0
+  np.testing.assert_allclose(float(rates.mean()), 0.55, atol=0.01)
+  np.testing.assert_array_equal(noising.two_copy_tokens(noisy, tokens)[:, 2000:], tokens)
