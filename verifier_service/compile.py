@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import fcntl
 import hashlib
 import inspect
 import json
@@ -389,6 +390,26 @@ class Compiler:
 
   async def _build_pch(self, cxx: tuple[str, ...], cflags: list[str],
                        header: pathlib.Path) -> str | None:
+    # Servers sharing a cache folder build the (large, slow) header once: a file lock.
+    lock_path = header.parent.with_suffix(".lock")
+    with open(lock_path, "w") as lock:
+      while True:
+        try:
+          fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+          break
+        except BlockingIOError:
+          await asyncio.sleep(0.5)
+      try:
+        if header.with_suffix(".h.gch").is_file():
+          return str(header)
+        if (header.parent / "error.log").is_file():
+          return None
+        return await self._build_pch_locked(cxx, cflags, header)
+      finally:
+        fcntl.flock(lock, fcntl.LOCK_UN)
+
+  async def _build_pch_locked(self, cxx: tuple[str, ...], cflags: list[str],
+                              header: pathlib.Path) -> str | None:
     work = pathlib.Path(tempfile.mkdtemp(prefix="pch-", dir=self.cache_dir / "tmp"))
     try:
       (work / _PCH_HEADER).write_text("#include <torch/extension.h>\n")

@@ -275,8 +275,15 @@ def assignments_env(body: list[ast.stmt], env: dict[str, Any] | None = None,
             ast.BinOp(left=ast.Name(stmt.target.id), op=stmt.op, right=stmt.value), env)
       except Unresolvable:
         env.pop(stmt.target.id, None)
+    elif isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+      # A definition binds its own name, and whatever its body declares `global`.
+      env.pop(stmt.name, None)
+      for node in ast.walk(stmt):
+        if isinstance(node, ast.Global):
+          for name in node.names:
+            env.pop(name, None)
     else:
-      # Any other binding of a name (def, class, import, for, with) hides an earlier constant.
+      # Any other binding of a name (import, for, with, if/try bodies) hides a constant.
       for node in ast.walk(stmt):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
           env.pop(node.name, None)

@@ -132,3 +132,23 @@ def test_test_candidates_resolve():
   assert report.kernel_names == ["scaled_add_kernel"]
   assert report.launched_kernels == ["scaled_add_kernel"]
   assert report.exported_functions == ["scaled_add"]
+
+
+def test_locals_and_globals_in_functions():
+  code = '''
+from torch.utils.cpp_extension import load_inline
+SRC = "__global__ void k() {}"
+def forward(x):
+    SRC = "shadowed locally"   # a local: the module constant stands
+def mutate():
+    global OTHER
+    OTHER = 1
+OTHER = "__global__ void j() {}"
+def later():
+    global OTHER
+m = load_inline("m", "", SRC)
+n = load_inline("n", "", OTHER)
+'''
+  first, second = _extract(code)
+  assert first.extension is not None and first.extension.cuda_sources == ("__global__ void k() {}",)
+  assert second.extension is None and "OTHER" in second.error

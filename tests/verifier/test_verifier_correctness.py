@@ -1,0 +1,88 @@
+"""The comparison rules of correctness.py and the statistics of timing.py, directly on CPU."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from verifier_service import correctness
+from verifier_service import timing
+
+
+def _cmp(ref, cand, tol=1e-4):
+  return correctness.compare(ref, cand, tol, tol)
+
+
+def test_tolerance_follows_allclose():
+  ref = torch.tensor([1.0, 2.0, 1000.0])
+  ok, max_abs, max_rel, _, _ = _cmp(ref, ref + torch.tensor([5e-5, 0.0, 0.09]))
+  assert ok and max_abs == pytest.approx(0.09, rel=1e-3) and max_rel == pytest.approx(9e-5, rel=1e-2)
+  ok, _, _, message, _ = _cmp(ref, ref + torch.tensor([3e-4, 0.0, 0.0]))
+  assert not ok and "1 of 3 elements exceed" in message
+
+
+def test_nan_and_inf_must_match_the_reference():
+  ref = torch.tensor([1.0, float("nan"), float("inf")])
+  assert _cmp(ref, ref.clone())[0]
+  ok, _, _, message, _ = _cmp(torch.ones(3), torch.tensor([1.0, float("nan"), 1.0]))
+  assert not ok and "NaN in output 0 at 1 positions" in message
+  ok, _, _, message, _ = _cmp(ref, torch.tensor([1.0, float("nan"), -math.inf]))
+  assert not ok and "Inf" in message
+
+
+def test_structure_shape_dtype_and_subclass():
+  a = torch.ones(2, 3)
+  assert "has 1 leaves, the reference has 2" in _cmp((a, a), a)[3]
+  assert "shape (3, 2) != reference (2, 3)" in _cmp(a, a.t().contiguous())[3]
+  assert "dtype torch.float64 != reference torch.float32" in _cmp(a, a.double())[3]
+
+  class Lazy(torch.Tensor):
+    pass
+
+  ok, _, _, message, exploits = _cmp(a, a.clone().as_subclass(Lazy))
+  assert not ok and "subclass" in message and exploits[0][0] == "TENSOR_SUBCLASS"
+  assert "expected a tensor" in _cmp(a, 3.0)[3]
+
+
+def test_integer_outputs_must_be_equal_and_scalars_compare():
+  idx = torch.tensor([1, 2, 3])
+  assert _cmp(idx, idx.clone())[0]
+  assert not _cmp(idx, idx + torch.tensor([0, 0, 1]))[0]
+  assert _cmp([idx, 2.0, "tag"], [idx.clone(), 2.0 + 1e-6, "tag"])[0]
+  assert not _cmp([idx, 2.0], [idx.clone(), 2.1])[0]
+
+
+def test_integer_inputs_are_never_cast():
+  inputs = [torch.randn(2, 2), torch.tensor([0, 1]), {"mask": torch.ones(2, dtype=torch.bool)}, 7]
+  moved = correctness.to_device(inputs, torch.device("cpu"), torch.float16)
+  assert moved[0].dtype == torch.float16
+  assert moved[1].dtype == torch.int64
+  assert moved[2]["mask"].dtype == torch.bool
+  assert moved[3] == 7
+
+
+def test_state_is_copied_where_names_and_shapes_match():
+  torch.manual_seed(0)
+  ref = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.BatchNorm1d(3))
+  cand = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 3))
+  copied = correctness.copy_matching_state(ref, cand)
+  assert copied == 3  # 0.weight, 0.bias, 1.bias; 1.weight has another shape
+  assert torch.equal(cand[0].weight, ref[0].weight)
+  assert torch.equal(cand[1].bias, ref[1].bias)
+  assert cand[1].weight.shape == (3, 3)
+
+
+def test_trial_seeds_are_fresh_and_reproducible():
+  seeds = correctness.trial_seeds(42, 5)
+  assert len(set(seeds)) == 5 and seeds == correctness.trial_seeds(42, 5)
+  assert seeds != correctness.trial_seeds(43, 5)
+
+
+def test_timing_stats():
+  stats = timing.stats([5.0, 1.0, 3.0, 2.0, 4.0])
+  assert stats["median_us"] == 3.0 and stats["min_us"] == 1.0 and stats["max_us"] == 5.0
+  assert stats["num_trials"] == 5 and stats["p10_us"] == 1.0 and stats["p90_us"] == 5.0
+  ref, cand = timing.time_pair(lambda: torch.ones(10).sum(), lambda: None, 4, torch.device("cpu"))
+  assert ref["num_trials"] == cand["num_trials"] == 4

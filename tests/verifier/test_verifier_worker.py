@@ -1,0 +1,132 @@
+"""Worker processes, forked job children and correctness checks, on CPU (cpu_test_mode).
+
+The candidates are C++-only extensions compiled through the real compile path; their children run
+reference and candidate on the CPU. This exercises spawning, crash and hang handling, worker
+replacement with one retry, mutation and poisoning checks, and timing bookkeeping. It says
+nothing about CUDA kernels: those are the GPU tests' job.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+
+from dice.verifier.v1 import verifier_pb2 as pb
+
+import verifier_kernels as kernels
+
+
+def verify(srv, call: str, request_id: str | None = None, candidate: str | None = None,
+           **options) -> pb.Verdict:
+  options.setdefault("num_timing_trials", 5)
+  req = pb.VerifyRequest(request_id=request_id or f"cpu-{call}-{time.monotonic_ns()}",
+                         reference_source=kernels.REFERENCE,
+                         candidate_source=candidate or kernels.cpp_candidate(call),
+                         options=pb.VerifyOptions(**options))
+  return srv.stub().Verify(req, timeout=900)
+
+
+def test_correct_candidate_passes_every_trial_and_is_timed(cpu_server):
+  verdict = verify(cpu_server, "scaled_add")
+  assert verdict.outcome == pb.OK, verdict.message
+  assert verdict.stage == pb.STAGE_DONE
+  assert len(verdict.trials) == 5 and all(t.passed for t in verdict.trials)
+  assert len({t.seed for t in verdict.trials}) == 5
+  assert all(t.max_abs_error < 1e-6 for t in verdict.trials)
+  assert verdict.timing.reference.num_trials == verdict.timing.candidate.num_trials == 5
+  assert verdict.timing.candidate.median_us > 0
+  assert verdict.timing.speedup == pytest.approx(
+      verdict.timing.reference.median_us / verdict.timing.candidate.median_us)
+  stages = [t.stage for t in verdict.stage_timings]
+  assert stages[:2] == [pb.STAGE_STATIC_CHECK, pb.STAGE_COMPILE]
+  assert {pb.STAGE_QUEUE, pb.STAGE_LOAD, pb.STAGE_CORRECTNESS, pb.STAGE_TIMING} <= set(stages)
+
+
+def test_tolerance_decides_and_is_configurable(cpu_server):
+  strict = verify(cpu_server, "slightly_off")
+  assert strict.outcome == pb.INCORRECT
+  assert strict.stage == pb.STAGE_CORRECTNESS
+  assert strict.trials[0].max_abs_error == pytest.approx(1e-2, rel=1e-3)
+  assert "1 of 2112 elements exceed atol=0.0001" in strict.message
+  loose = verify(cpu_server, "slightly_off", atol=0.05, rtol=0.05, skip_timing=True)
+  assert loose.outcome == pb.OK, loose.message
+  assert not loose.HasField("timing")
+
+
+@pytest.mark.parametrize("call, reason, exploit", [
+    ("in_place", "modified its inputs", pb.INPUT_MUTATION),
+    ("wrong_shape", "shape (2112,) != reference (64, 33)", None),
+    ("uninitialised", "NaN in output 0", None),
+])
+def test_wrong_candidates_are_incorrect(cpu_server, call, reason, exploit):
+  verdict = verify(cpu_server, call)
+  assert verdict.outcome == pb.INCORRECT, verdict.message
+  assert reason in verdict.message
+  if exploit is not None:
+    assert exploit in [e.kind for e in verdict.exploits]
+
+
+def test_exception_crash_and_hang_are_attributed_and_leave_the_worker_usable(cpu_server):
+  restarts = sum(s.restarts for s in cpu_server.scheduler.pool.slots)
+  raised = verify(cpu_server, "throws")
+  assert raised.outcome == pb.RUNTIME_ERROR
+  assert "deliberate failure in the candidate" in raised.message
+  crashed = verify(cpu_server, "crash")
+  assert crashed.outcome == pb.RUNTIME_ERROR
+  assert "SIGABRT" in crashed.message and "candidate.py" in crashed.message
+  assert [e.kind for e in crashed.exploits] == [pb.CRASH]
+  start = time.monotonic()
+  hung = verify(cpu_server, "hang", run_timeout_s=3)
+  assert time.monotonic() - start < 30
+  assert hung.outcome == pb.TIMEOUT
+  assert hung.stage == pb.STAGE_CORRECTNESS
+  assert [e.kind for e in hung.exploits] == [pb.HANG]
+  # The worker processes survived all three: only the job children died.
+  assert sum(s.restarts for s in cpu_server.scheduler.pool.slots) == restarts
+  assert verify(cpu_server, "scaled_add").outcome == pb.OK
+
+
+def test_dead_worker_is_replaced_and_the_request_retried_once(cpu_server):
+  pool = cpu_server.scheduler.pool
+  assert verify(cpu_server, "scaled_add").outcome == pb.OK  # compiled, workers warm
+  restarts = sum(s.restarts for s in pool.slots)
+  for slot in pool.slots:  # kill every worker process behind the server's back
+    os.kill(slot.info["pid"], signal.SIGKILL)
+  time.sleep(0.5)
+  verdict = verify(cpu_server, "scaled_add")
+  assert verdict.outcome == pb.OK, verdict.message
+  assert verdict.attempts == 2
+  assert sum(s.restarts for s in pool.slots) > restarts
+
+
+def test_monkey_patching_torch_is_rejected(cpu_server):
+  candidate = kernels.cpp_candidate("slightly_off").replace(
+      "class ModelNew", "torch.allclose = lambda *a, **k: True\n\n\nclass ModelNew")
+  verdict = verify(cpu_server, "patch", candidate=candidate)
+  assert verdict.outcome == pb.REJECTED
+  assert [e.kind for e in verdict.exploits] == [pb.MONKEY_PATCH]
+  assert "torch.allclose" in verdict.message
+
+
+def test_sources_changed_at_run_time_fail_to_load(cpu_server):
+  # The folder sees the module-level constant; the candidate changes it through globals()
+  # before calling load_inline, so the run-time call matches no prebuilt module.
+  candidate = kernels.cpp_candidate("scaled_add").replace(
+      "ext = load_inline(", "globals()['cpp_source'] += '// changed'\next = load_inline(")
+  verdict = verify(cpu_server, "dynamic", candidate=candidate)
+  assert verdict.outcome == pb.RUNTIME_ERROR
+  assert verdict.stage == pb.STAGE_LOAD
+  assert "did not see statically" in verdict.message
+
+
+def test_reference_that_raises_is_bad_reference(cpu_server):
+  reference = kernels.REFERENCE.replace("return (a + b) * self.scale",
+                                        "raise ValueError('broken problem')")
+  req = pb.VerifyRequest(request_id="raising-ref", reference_source=reference,
+                         candidate_source=kernels.cpp_candidate("scaled_add"))
+  verdict = cpu_server.stub().Verify(req, timeout=900)
+  assert verdict.outcome == pb.BAD_REFERENCE
+  assert "broken problem" in verdict.message

@@ -1,0 +1,237 @@
+"""`dice-verifier`: run the gRPC server, or check candidates locally with no server.
+
+  dice-verifier serve --listen 127.0.0.1:50051 [--gpus 0,1] [--slots-per-gpu N] ...
+  dice-verifier check REFERENCE.py CANDIDATE.py [CANDIDATE.py ...] [--json]
+
+Exit codes of `check` (the worst verdict decides):
+  0  every candidate OK
+  1  at least one candidate failed (COMPILE_ERROR, INCORRECT, RUNTIME_ERROR, TIMEOUT, REJECTED)
+  2  bad command line or unreadable input file
+  3  nothing failed, but at least one verdict is NO_GPU (compiled; not run: no GPU here)
+  4  the reference is unusable (BAD_REFERENCE) or the verifier failed (INFRA_ERROR)
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import pathlib
+import sys
+
+from google.protobuf import json_format
+
+from dice.verifier.v1 import verifier_pb2 as pb
+
+from verifier_service import config as config_lib
+from verifier_service import logs
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_NO_GPU, EXIT_INFRA = 0, 1, 2, 3, 4
+_CANDIDATE_FAILURES = (pb.COMPILE_ERROR, pb.INCORRECT, pb.RUNTIME_ERROR, pb.TIMEOUT, pb.REJECTED)
+
+
+def _gpu_list(text: str) -> list[int]:
+  try:
+    return [int(x) for x in text.split(",") if x.strip()]
+  except ValueError as e:
+    raise argparse.ArgumentTypeError(f"--gpus takes indices like 0,1 (got {text!r})") from e
+
+
+def _positive(text: str) -> int:
+  value = int(text)
+  if value < 1:
+    raise argparse.ArgumentTypeError("must be at least 1")
+  return value
+
+
+def _add_common(parser: argparse.ArgumentParser) -> None:
+  defaults = config_lib.ServerConfig()
+  parser.add_argument("--gpus", type=_gpu_list, default=None,
+                      help="GPU indices to use, e.g. 0,1 (default: every GPU nvidia-smi lists)")
+  parser.add_argument("--slots-per-gpu", type=_positive, default=defaults.slots_per_gpu,
+                      help="worker processes per GPU, each running one candidate at a time "
+                           "(default %(default)s)")
+  parser.add_argument("--compile-workers", type=_positive, default=defaults.compile_workers,
+                      help="concurrent compiler processes (default: CPU count, %(default)s)")
+  parser.add_argument("--cache-dir", type=pathlib.Path, default=defaults.cache_dir,
+                      help="compile cache and precompiled headers (default %(default)s; "
+                           "$DICE_VERIFIER_CACHE overrides)")
+  parser.add_argument("--compile-timeout", type=float, default=defaults.compile_timeout_s,
+                      help="default compile-stage limit in seconds (default %(default)s)")
+  parser.add_argument("--run-timeout", type=float, default=defaults.run_timeout_s,
+                      help="default limit in seconds for load + correctness + timing "
+                           "(default %(default)s)")
+  parser.add_argument("--no-pch", action="store_true",
+                      help="do not use the precompiled torch/extension.h for main.cpp")
+  parser.add_argument("--no-light-headers", action="store_true",
+                      help="compile CUDA sources with torch/extension.h as written")
+  parser.add_argument("--cpu-test-mode", action="store_true",
+                      help="DEVELOPMENT ONLY: run candidates whose load_inline has only C++ "
+                           "sources on CPU workers (exercises the worker without a GPU; proves "
+                           "nothing about CUDA kernels)")
+  parser.add_argument("--log-level", default="WARNING",
+                      help="DEBUG, INFO, WARNING or ERROR (default %(default)s)")
+  parser.add_argument("--plain-logs", action="store_true",
+                      help="human-readable log lines instead of JSON lines")
+
+
+def _config(args: argparse.Namespace, **extra) -> config_lib.ServerConfig:
+  return config_lib.ServerConfig(
+      gpus=args.gpus, slots_per_gpu=args.slots_per_gpu, compile_workers=args.compile_workers,
+      cache_dir=args.cache_dir, compile_timeout_s=args.compile_timeout,
+      run_timeout_s=args.run_timeout, use_pch=not args.no_pch,
+      light_headers=not args.no_light_headers, cpu_test_mode=args.cpu_test_mode, **extra)
+
+
+def build_parser() -> argparse.ArgumentParser:
+  parser = argparse.ArgumentParser(
+      prog="dice-verifier", description="Compile, check and time KernelBench-format CUDA "
+      "candidates.", epilog=__doc__.split("\n\n", 2)[2],
+      formatter_class=argparse.RawDescriptionHelpFormatter)
+  sub = parser.add_subparsers(dest="command", required=True)
+
+  serve = sub.add_parser("serve", help="run the gRPC verifier server",
+                         description="Serve dice.verifier.v1.Verifier with health checking, "
+                         "reflection and Prometheus metrics.")
+  serve.add_argument("--listen", default="127.0.0.1:50051",
+                     help="HOST:PORT to bind (default %(default)s)")
+  serve.add_argument("--queue-capacity", type=_positive, default=256,
+                     help="requests waiting or running before RESOURCE_EXHAUSTED "
+                          "(default %(default)s)")
+  serve.add_argument("--auth-token-file", type=pathlib.Path, default=None,
+                     help="file holding a bearer token clients must send as "
+                          "'authorization: Bearer <token>'; required beyond loopback")
+  serve.add_argument("--insecure", action="store_true",
+                     help="allow listening beyond loopback without a token")
+  serve.add_argument("--metrics-port", type=int, default=None,
+                     help="serve Prometheus metrics over HTTP on this port")
+  _add_common(serve)
+
+  check = sub.add_parser("check", help="verify candidates locally, no server",
+                         description="One verdict per candidate against one reference.")
+  check.add_argument("reference", type=pathlib.Path, help="reference problem (Model, "
+                     "get_inputs, get_init_inputs)")
+  check.add_argument("candidates", type=pathlib.Path, nargs="+",
+                     help="candidate files (ModelNew + load_inline)")
+  check.add_argument("--json", action="store_true",
+                     help="print verdicts as JSON (one object, or a list for several)")
+  check.add_argument("--precision", choices=("fp32", "fp16", "bf16"), default="fp32",
+                     help="floating precision of inputs and modules (default %(default)s)")
+  check.add_argument("--trials", type=_positive, default=5,
+                     help="correctness trials with fresh seeds (default %(default)s)")
+  check.add_argument("--timing-trials", type=_positive, default=100,
+                     help="timed calls per side (default %(default)s)")
+  check.add_argument("--skip-timing", action="store_true", help="correctness only")
+  check.add_argument("--atol", type=float, default=0.0,
+                     help="absolute tolerance (default: 1e-4 fp32, 1e-2 fp16/bf16)")
+  check.add_argument("--rtol", type=float, default=0.0,
+                     help="relative tolerance (default: as --atol)")
+  check.add_argument("--seed", type=int, default=42, help="base seed (default %(default)s)")
+  _add_common(check)
+  return parser
+
+
+def _read(path: pathlib.Path) -> str:
+  try:
+    return path.read_bytes().decode("utf-8")
+  except OSError as e:
+    raise SystemExit(_usage_error(f"cannot read {path}: {e.strerror}"))
+  except UnicodeDecodeError as e:
+    raise SystemExit(_usage_error(f"{path} is not UTF-8 text: {e}"))
+
+
+def _usage_error(message: str) -> int:
+  print(f"dice-verifier: error: {message}", file=sys.stderr)
+  return EXIT_USAGE
+
+
+def exit_code(verdicts: list[pb.Verdict]) -> int:
+  outcomes = {v.outcome for v in verdicts}
+  if outcomes & {pb.BAD_REFERENCE, pb.INFRA_ERROR}:
+    return EXIT_INFRA
+  if outcomes & set(_CANDIDATE_FAILURES):
+    return EXIT_FAILED
+  if pb.NO_GPU in outcomes:
+    return EXIT_NO_GPU
+  return EXIT_OK
+
+
+async def _check(args: argparse.Namespace) -> list[pb.Verdict]:
+  from rich.console import Console  # pylint: disable=import-outside-toplevel
+  from rich.progress import (BarColumn, Progress, SpinnerColumn,  # pylint: disable=import-outside-toplevel
+                             TextColumn, TimeElapsedColumn)
+  from verifier_service import scheduler as scheduler_lib  # pylint: disable=import-outside-toplevel
+
+  reference = _read(args.reference)
+  candidates = [(path, _read(path)) for path in args.candidates]
+  config = _config(args)
+  scheduler = scheduler_lib.Scheduler.create(config)
+  options = pb.VerifyOptions(
+      precision=pb.Precision.Value(args.precision.upper()), num_correctness_trials=args.trials,
+      atol=args.atol, rtol=args.rtol, skip_timing=args.skip_timing,
+      num_timing_trials=args.timing_trials, seed=args.seed)
+  console = Console(stderr=True)
+  await scheduler.start()
+  try:
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
+                  TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(),
+                  console=console, transient=len(candidates) == 1) as progress:
+      bar = progress.add_task("verifying", total=len(candidates))
+
+      async def one(index: int, path: pathlib.Path, source: str) -> pb.Verdict:
+        request = pb.VerifyRequest(request_id=f"{index}:{path}", reference_source=reference,
+                                   candidate_source=source, options=options)
+        verdict = await scheduler.verify(request)
+        progress.advance(bar)
+        progress.update(bar, description=f"{path.name}: {pb.Outcome.Name(verdict.outcome)}")
+        return verdict
+
+      return list(await asyncio.gather(*(one(i, p, s) for i, (p, s) in enumerate(candidates))))
+  finally:
+    await scheduler.stop()
+
+
+def _summary(paths: list[pathlib.Path], verdicts: list[pb.Verdict]) -> None:
+  from rich.console import Console  # pylint: disable=import-outside-toplevel
+  from rich.table import Table  # pylint: disable=import-outside-toplevel
+  table = Table(title="dice-verifier check")
+  for column in ("candidate", "outcome", "stage", "compile s", "speedup", "message"):
+    table.add_column(column, overflow="fold")
+  for path, v in zip(paths, verdicts):
+    compile_s = next((t.duration_s for t in v.stage_timings if t.stage == pb.STAGE_COMPILE), 0.0)
+    speedup = f"{v.timing.speedup:.2f}x" if v.HasField("timing") else "-"
+    table.add_row(str(path), pb.Outcome.Name(v.outcome), pb.Stage.Name(v.stage).removeprefix(
+        "STAGE_"), f"{compile_s:.1f}" + (" (cached)" if v.compile.cache_hit else ""), speedup,
+                  v.message[:160])
+  Console().print(table)
+
+
+def main(argv: list[str] | None = None) -> int:
+  parser = build_parser()
+  args = parser.parse_args(argv)
+  logs.setup(args.log_level.upper(), json_lines=not args.plain_logs)
+  if args.command == "serve":
+    from verifier_service import server  # pylint: disable=import-outside-toplevel
+    token = None
+    if args.auth_token_file is not None:
+      token = _read(args.auth_token_file).strip()
+      if not token:
+        return _usage_error(f"{args.auth_token_file} is empty")
+    config = _config(args, listen=args.listen, queue_capacity=args.queue_capacity,
+                     auth_token=token, metrics_port=args.metrics_port)
+    try:
+      asyncio.run(server.serve(config, insecure=args.insecure))
+    except ValueError as e:
+      return _usage_error(str(e))
+    return EXIT_OK
+  verdicts = asyncio.run(_check(args))
+  if args.json:
+    dicts = [json_format.MessageToDict(v, preserving_proto_field_name=True) for v in verdicts]
+    print(json.dumps(dicts[0] if len(dicts) == 1 else dicts, indent=1))
+  else:
+    _summary(args.candidates, verdicts)
+  return exit_code(verdicts)
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,39 @@
+"""Prometheus metrics, one registry per server so tests can run several servers in a process."""
+
+from __future__ import annotations
+
+import prometheus_client as prom
+
+
+class Metrics:
+  """Counters and histograms the scheduler updates; exported over HTTP by `serve`."""
+
+  def __init__(self) -> None:
+    self.registry = prom.CollectorRegistry()
+    self.verdicts = prom.Counter("dice_verifier_verdicts", "Verdicts returned, by outcome.",
+                                 ["outcome"], registry=self.registry)
+    self.stage_seconds = prom.Histogram(
+        "dice_verifier_stage_seconds", "Time spent per pipeline stage.", ["stage"],
+        buckets=(0.01, 0.1, 0.5, 1, 2, 5, 10, 20, 40, 80, 160, 320, 640),
+        registry=self.registry)
+    self.verdict_seconds = prom.Histogram(
+        "dice_verifier_verdict_seconds", "Receipt to verdict.",
+        buckets=(0.1, 0.5, 1, 2, 5, 10, 20, 40, 80, 160, 320, 640), registry=self.registry)
+    self.compile_cache = prom.Counter("dice_verifier_compile_cache", "Compile cache lookups.",
+                                      ["result"], registry=self.registry)
+    self.rejected_full = prom.Counter("dice_verifier_queue_full",
+                                      "Requests refused because the queue was full.",
+                                      registry=self.registry)
+    self.infra_retries = prom.Counter("dice_verifier_infra_retries",
+                                      "Runs retried after an infrastructure failure.",
+                                      registry=self.registry)
+    self.queue_depth = prom.Gauge("dice_verifier_queue_depth", "Requests waiting or running.",
+                                  registry=self.registry)
+    self.running = prom.Gauge("dice_verifier_running", "Jobs on GPU workers now.",
+                              registry=self.registry)
+
+  def serve_http(self, port: int, addr: str = "0.0.0.0") -> None:
+    prom.start_http_server(port, addr=addr, registry=self.registry)
+
+  def exposition(self) -> bytes:
+    return prom.generate_latest(self.registry)

@@ -1,0 +1,216 @@
+"""Server side of the GPU worker processes: N slots per GPU, each one `worker.py` process.
+
+A slot runs one job at a time. It enforces the run stage's time limit by killing the job's child
+process group (the worker stays up), and it replaces the worker process itself when that dies or
+stops answering. What it returns is a Verdict-shaped dict (see `runner.run_job`); failures the
+child could not report itself are classified here:
+
+  - time limit hit                      TIMEOUT (exploit HANG) in the stage the child was in
+  - child killed by a signal            RUNTIME_ERROR (exploit CRASH) with the log tail
+  - child exited without a result       INFRA_ERROR (a verifier bug, never the candidate's fault)
+  - worker process died or hung         INFRA_ERROR; the slot restarts its worker
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import logging
+import os
+import signal
+import sys
+import time
+from typing import Any, Callable
+
+log = logging.getLogger(__name__)
+
+_READY_TIMEOUT_S = 300.0
+_KILL_GRACE_S = 15.0
+_STREAM_LIMIT = 64 << 20
+_CANDIDATE_STAGES = ("STAGE_CORRECTNESS", "STAGE_TIMING")
+
+
+class WorkerDied(Exception):
+  """The worker process (not just a job's child) went away."""
+
+
+class WorkerSlot:
+  """One worker process bound to one device."""
+
+  def __init__(self, name: str, device: str, env: dict[str, str]):
+    self.name = name
+    self.device = device
+    self._env = env
+    self._proc: asyncio.subprocess.Process | None = None
+    self.info: dict[str, Any] = {}
+    self.jobs_run = 0
+    self.restarts = 0
+
+  async def start(self) -> None:
+    self._proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "verifier_service.worker", "--device", self.device,
+        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, env=self._env,
+        limit=_STREAM_LIMIT, start_new_session=True)
+    try:
+      message = await asyncio.wait_for(self._read(), _READY_TIMEOUT_S)
+    except (asyncio.TimeoutError, WorkerDied) as e:
+      await self.stop()
+      raise WorkerDied(f"worker {self.name} did not start: {e}") from e
+    if message.get("type") != "ready":
+      await self.stop()
+      raise WorkerDied(f"worker {self.name} sent {message} instead of ready")
+    self.info = message
+    log.info("worker %s ready (pid %s, %s)", self.name, message["pid"], self.device)
+
+  async def stop(self) -> None:
+    proc, self._proc = self._proc, None
+    if proc is None:
+      return
+    with contextlib.suppress(ProcessLookupError):
+      os.killpg(proc.pid, signal.SIGKILL)
+    await proc.wait()
+
+  async def restart(self) -> None:
+    self.restarts += 1
+    await self.stop()
+    await self.start()
+
+  async def _read(self) -> dict[str, Any]:
+    assert self._proc is not None and self._proc.stdout is not None
+    line = await self._proc.stdout.readline()
+    if not line:
+      raise WorkerDied(f"worker {self.name} exited (code {self._proc.returncode})")
+    return json.loads(line)
+
+  async def run(self, job: dict[str, Any], timeout_s: float,
+                on_phase: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Runs one job; always returns a Verdict-shaped dict."""
+    self.jobs_run += 1
+    phase, child = "STAGE_LOAD", None
+    try:
+      if self._proc is None or self._proc.returncode is not None:
+        await self.restart()
+      self._proc.stdin.write((json.dumps(job) + "\n").encode())
+      await self._proc.stdin.drain()
+      deadline = time.monotonic() + timeout_s
+      timed_out = False
+      while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0 and not timed_out:
+          timed_out = True
+          if child is not None:
+            with contextlib.suppress(ProcessLookupError):
+              os.killpg(child, signal.SIGKILL)
+          deadline = time.monotonic() + _KILL_GRACE_S
+          continue
+        if remaining <= 0:
+          raise WorkerDied(f"worker {self.name} did not report after killing its job")
+        try:
+          message = await asyncio.wait_for(self._read(), remaining)
+        except asyncio.TimeoutError:
+          continue
+        if message.get("job_id") != job["job_id"]:
+          continue
+        kind = message["type"]
+        if kind == "started":
+          child = message["pid"]
+        elif kind == "phase":
+          phase = message["phase"]
+          if on_phase is not None:
+            on_phase(phase)
+        elif kind == "done":
+          return _classify(message, phase, timed_out, timeout_s)
+    except (WorkerDied, BrokenPipeError, ConnectionResetError, json.JSONDecodeError) as e:
+      log.warning("worker %s failed: %s; restarting it", self.name, e)
+      await self.stop()
+      return {"outcome": "INFRA_ERROR", "stage": phase, "message": f"worker failed: {e}"}
+    except asyncio.CancelledError:
+      # The request went away (deadline): kill its child so the slot is free for the next job.
+      try:
+        await asyncio.wait_for(self._abort(job["job_id"], child), _KILL_GRACE_S)
+      except (asyncio.TimeoutError, WorkerDied, json.JSONDecodeError):
+        await self.stop()
+      raise
+
+  async def _abort(self, job_id: str, child: int | None) -> None:
+    """Kills the job's child and reads messages up to its `done`, keeping the worker."""
+    while True:
+      if child is not None:
+        with contextlib.suppress(ProcessLookupError):
+          os.killpg(child, signal.SIGKILL)
+      message = await self._read()
+      if message.get("job_id") != job_id:
+        continue
+      if message["type"] == "started":
+        child = message["pid"]
+      elif message["type"] == "done":
+        return
+
+
+def _classify(done: dict[str, Any], phase: str, timed_out: bool,
+              timeout_s: float) -> dict[str, Any]:
+  status, result, tail = done["status"], done.get("result"), done.get("log_tail", "")
+  if timed_out:
+    return {"outcome": "TIMEOUT", "stage": phase,
+            "message": f"run stage exceeded {timeout_s:.1f} s (in {phase})",
+            "exploits": [{"kind": "HANG", "evidence": f"killed after {timeout_s:.1f} s in {phase}"}]}
+  if result is not None:
+    return result
+  fatal = tail.find("Fatal Python error")
+  tail = (tail[fatal:fatal + 600] if fatal >= 0 else tail[-600:]).strip()
+  if "signal" in status:
+    who = "ModelNew" if phase in _CANDIDATE_STAGES else "the candidate or reference"
+    return {"outcome": "RUNTIME_ERROR", "stage": phase,
+            "message": f"{who} killed the worker with {status['signal_name']} in {phase}: {tail}",
+            "exploits": [{"kind": "CRASH", "evidence": status["signal_name"]}]}
+  return {"outcome": "INFRA_ERROR", "stage": phase,
+          "message": f"worker child exited with {status} and no result: {tail}"}
+
+
+class WorkerPool:
+  """Slots for every (GPU, slot) pair; hands jobs to whichever slot is free."""
+
+  def __init__(self, slots: list[WorkerSlot]):
+    self.slots = slots
+    self._idle: asyncio.Queue[WorkerSlot] = asyncio.Queue()
+    self._ids = itertools.count()
+    self.running = 0
+
+  @classmethod
+  def for_devices(cls, gpu_indices: list[int], slots_per_gpu: int, base_env: dict[str, str],
+                  cpu_test_mode: bool = False) -> WorkerPool:
+    slots = []
+    if cpu_test_mode:
+      for s in range(slots_per_gpu):
+        slots.append(WorkerSlot(f"cpu/{s}", "cpu", dict(base_env, CUDA_VISIBLE_DEVICES="")))
+    for gpu in gpu_indices:
+      for s in range(slots_per_gpu):
+        slots.append(WorkerSlot(f"gpu{gpu}/{s}", "cuda",
+                                dict(base_env, CUDA_VISIBLE_DEVICES=str(gpu))))
+    return cls(slots)
+
+  async def start(self) -> None:
+    await asyncio.gather(*(slot.start() for slot in self.slots))
+    for slot in self.slots:
+      self._idle.put_nowait(slot)
+
+  async def stop(self) -> None:
+    await asyncio.gather(*(slot.stop() for slot in self.slots))
+
+  async def run(self, job: dict[str, Any], timeout_s: float,
+                on_phase: Callable[[str], None] | None = None) -> dict[str, Any]:
+    waited = time.monotonic()
+    slot = await self._idle.get()
+    waited = time.monotonic() - waited
+    self.running += 1
+    try:
+      job = dict(job, job_id=f"{slot.name}#{next(self._ids)}")
+      result = await slot.run(job, timeout_s, on_phase)
+      result["stage_timings"] = [{"stage": "STAGE_QUEUE", "duration_s": waited}] + result.get(
+          "stage_timings", [])
+      return result
+    finally:
+      self.running -= 1
+      self._idle.put_nowait(slot)

@@ -1,0 +1,275 @@
+"""The pipeline for one request, and the bookkeeping around many: admission, dedup, caching.
+
+Stages, each with its own limit (DESIGN §6): static checks (milliseconds, inline), compile (the
+compile pool, `compile_timeout_s`), run (a GPU worker slot, `run_timeout_s` covering load,
+correctness, launch check and timing). A run that ends in INFRA_ERROR is retried once on another
+slot; a candidate's failure never is.
+
+Admission is bounded: at most `queue_capacity` distinct requests are in flight (waiting for the
+compile pool, compiling, waiting for a slot, or running); beyond that `QueueFull` is raised and the
+server answers RESOURCE_EXHAUSTED, so memory never grows with load. Requests are deduplicated by
+request id: a resent id joins the run in flight or gets the cached verdict (INFRA_ERROR verdicts
+are not cached, so a retry really retries). The scheduler itself never executes candidate code.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import hashlib
+import logging
+import math
+import re
+import time
+from typing import Any
+
+from google.protobuf import json_format
+
+from dice.verifier.v1 import verifier_pb2 as pb
+
+from verifier_service import checks
+from verifier_service import compile as compile_lib
+from verifier_service import config as config_lib
+from verifier_service import metrics as metrics_lib
+from verifier_service import pool as pool_lib
+from verifier_service import singleflight
+from verifier_service import toolchain as toolchain_lib
+from verifier_service import __version__
+
+log = logging.getLogger(__name__)
+
+
+class QueueFull(Exception):
+  """More requests in flight than the server's queue capacity."""
+
+
+def _first_error_line(text: str) -> str:
+  for line in text.splitlines():
+    if re.search(r"\berror\b", line, re.IGNORECASE) and not line.startswith("$ "):
+      return line.strip()[:300]
+  return "compilation failed"
+
+
+def _proto_json(value: Any) -> Any:
+  """JSON for ParseDict: non-finite floats as the strings proto3 JSON uses for them."""
+  if isinstance(value, float) and not math.isfinite(value):
+    return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+  if isinstance(value, dict):
+    return {k: _proto_json(v) for k, v in value.items()}
+  if isinstance(value, list):
+    return [_proto_json(v) for v in value]
+  return value
+
+
+class Scheduler:
+  """Runs requests through the stages; shared by the gRPC server and `dice-verifier check`."""
+
+  def __init__(self, config: config_lib.ServerConfig, toolchain: toolchain_lib.Toolchain,
+               compiler: compile_lib.Compiler, pool: pool_lib.WorkerPool | None,
+               metrics: metrics_lib.Metrics | None = None):
+    self.config = config
+    self.toolchain = toolchain
+    self.compiler = compiler
+    self.pool = pool
+    self.metrics = metrics or metrics_lib.Metrics()
+    self._inflight: singleflight.SingleFlight[pb.Verdict] = singleflight.SingleFlight()
+    self._verdicts: collections.OrderedDict[str, bytes] = collections.OrderedDict()
+    self.verdicts_total = 0
+    self.verdict_cache_hits = 0
+    self.verdict_cache_misses = 0
+    self._warm_up: asyncio.Task | None = None
+
+  @classmethod
+  def create(cls, config: config_lib.ServerConfig,
+             toolchain: toolchain_lib.Toolchain | None = None) -> Scheduler:
+    """Discovers the toolchain and GPUs and wires compiler and worker pool for `config`."""
+    toolchain = toolchain or toolchain_lib.discover()
+    compiler = compile_lib.Compiler(toolchain, config.cache_dir, config.compile_workers,
+                                    config.max_log_bytes, config.use_pch, config.light_headers)
+    gpus = config.gpus if config.gpus is not None else [g.index for g in toolchain.gpus]
+    pool = None
+    if config.cpu_test_mode:
+      pool = pool_lib.WorkerPool.for_devices([], config.slots_per_gpu, toolchain.build_env(),
+                                             cpu_test_mode=True)
+    elif gpus:
+      pool = pool_lib.WorkerPool.for_devices(gpus, config.slots_per_gpu, toolchain.build_env())
+    return cls(config, toolchain, compiler, pool)
+
+  async def start(self) -> None:
+    """Starts worker processes and builds the precompiled header in the background."""
+    self._warm_up = asyncio.ensure_future(self.compiler.warm_up())
+    if self.pool is not None:
+      await self.pool.start()
+
+  async def stop(self) -> None:
+    if self._warm_up is not None:
+      self._warm_up.cancel()
+    if self.pool is not None:
+      await self.pool.stop()
+
+  # ------------------------------------------------------------------ requests
+
+  @property
+  def queue_depth(self) -> int:
+    return len(self._inflight)
+
+  def cached(self, request_id: str) -> pb.Verdict | None:
+    blob = self._verdicts.get(request_id)
+    if blob is None:
+      return None
+    self._verdicts.move_to_end(request_id)
+    return pb.Verdict.FromString(blob)
+
+  async def verify(self, request: pb.VerifyRequest) -> pb.Verdict:
+    """One verdict for `request`; raises QueueFull when the server is at capacity."""
+    hit = self.cached(request.request_id)
+    if hit is not None:
+      self.verdict_cache_hits += 1
+      return hit
+    if request.request_id not in self._inflight:
+      if len(self._inflight) >= self.config.queue_capacity:
+        self.metrics.rejected_full.inc()
+        raise QueueFull(f"{len(self._inflight)} requests in flight (capacity "
+                        f"{self.config.queue_capacity})")
+      self.verdict_cache_misses += 1
+    self.metrics.queue_depth.set(len(self._inflight) + 1)
+    try:
+      return await self._inflight.run(request.request_id, lambda: self._pipeline(request))
+    finally:
+      self.metrics.queue_depth.set(len(self._inflight))
+
+  def _remember(self, verdict: pb.Verdict) -> None:
+    if verdict.outcome == pb.INFRA_ERROR:
+      return
+    self._verdicts[verdict.request_id] = verdict.SerializeToString()
+    self._verdicts.move_to_end(verdict.request_id)
+    while len(self._verdicts) > self.config.verdict_cache_size:
+      self._verdicts.popitem(last=False)
+
+  # ------------------------------------------------------------------ pipeline
+
+  async def _pipeline(self, request: pb.VerifyRequest) -> pb.Verdict:
+    start = time.monotonic()
+    verdict = pb.Verdict(request_id=request.request_id)
+    verdict.environment.CopyFrom(pb.Environment(**self.toolchain.environment()))
+    options = config_lib.resolve_options(request.options, self.config)
+    try:
+      await self._stages(request, options, verdict)
+    except Exception as e:  # pylint: disable=broad-except
+      log.exception("pipeline failed for %s", request.request_id)
+      verdict.outcome, verdict.message = pb.INFRA_ERROR, f"verifier error: {type(e).__name__}: {e}"
+    verdict.total_s = time.monotonic() - start
+    self.verdicts_total += 1
+    self.metrics.verdicts.labels(pb.Outcome.Name(verdict.outcome)).inc()
+    self.metrics.verdict_seconds.observe(verdict.total_s)
+    for timing in verdict.stage_timings:
+      self.metrics.stage_seconds.labels(pb.Stage.Name(timing.stage)).observe(timing.duration_s)
+    self._remember(verdict)
+    log.info("verdict", extra={"fields": {
+        "request_id": verdict.request_id, "outcome": pb.Outcome.Name(verdict.outcome),
+        "stage": pb.Stage.Name(verdict.stage), "total_s": round(verdict.total_s, 3),
+        "cache_hit": verdict.compile.cache_hit, "message": verdict.message[:200]}})
+    return verdict
+
+  def _end(self, verdict: pb.Verdict, outcome: int, stage: int, message: str) -> None:
+    verdict.outcome, verdict.stage, verdict.message = outcome, stage, message
+
+  async def _stages(self, request: pb.VerifyRequest, options: dict[str, Any],
+                    verdict: pb.Verdict) -> None:
+    t = time.monotonic()
+    report = checks.check_sources(request.reference_source, request.candidate_source,
+                                  allow_cpu_only=self.config.cpu_test_mode)
+    verdict.stage_timings.add(stage=pb.STAGE_STATIC_CHECK, duration_s=time.monotonic() - t)
+    verdict.compile.kernel_names.extend(report.kernel_names)
+    verdict.compile.exported_functions.extend(report.exported_functions)
+    for kind, evidence in report.exploits:
+      verdict.exploits.add(kind=pb.Exploit.Value(kind), evidence=evidence)
+    if report.outcome is not None:
+      self._end(verdict, pb.Outcome.Value(report.outcome), pb.Stage.Value(report.stage),
+                report.message)
+      return
+
+    t = time.monotonic()
+    builds = await asyncio.gather(*(
+        self.compiler.build(ext, options["compile_timeout_s"]) for ext in report.extensions))
+    verdict.stage_timings.add(stage=pb.STAGE_COMPILE, duration_s=time.monotonic() - t)
+    self._fill_compile(verdict, builds)
+    failed = next((b for b in builds if not b.ok), None)
+    if failed is not None:
+      if failed.timed_out:
+        self._end(verdict, pb.TIMEOUT, pb.STAGE_COMPILE, failed.log)
+      else:
+        self._end(verdict, pb.COMPILE_ERROR, pb.STAGE_COMPILE, _first_error_line(failed.log))
+      return
+
+    needs_gpu = any(ext.cuda_sources for ext in report.extensions)
+    if self.pool is None or (needs_gpu and self.config.cpu_test_mode):
+      self._end(verdict, pb.NO_GPU, pb.STAGE_LOAD,
+                "compiled; this server has no GPU, so load, correctness and timing were not run")
+      return
+
+    job = {"reference_source": request.reference_source,
+           "candidate_source": request.candidate_source,
+           "modules": {ext.fingerprint: b.so_path for ext, b in zip(report.extensions, builds)},
+           "kernel_names": report.kernel_names, "options": options}
+    for attempt in (1, 2):
+      verdict.attempts = attempt
+      t = time.monotonic()
+      result = await self.pool.run(job, options["run_timeout_s"])
+      if result.get("outcome") != "INFRA_ERROR" or attempt == 2:
+        break
+      self.metrics.infra_retries.inc()
+      log.warning("retrying %s after infrastructure failure: %s", request.request_id,
+                  result.get("message"))
+    self._merge(verdict, result, time.monotonic() - t)
+
+  def _fill_compile(self, verdict: pb.Verdict, builds: list[compile_lib.BuildResult]) -> None:
+    compiled = all(b.ok for b in builds)
+    verdict.compile.compiled = compiled
+    verdict.compile.cache_hit = bool(builds) and all(b.cache_hit for b in builds)
+    logs = [b.log for b in builds if b.log]
+    verdict.compile.log, verdict.compile.log_truncated = compile_lib.bound_log(
+        "\n".join(logs), self.config.max_log_bytes)
+    verdict.compile.log_truncated |= any(b.log_truncated for b in builds)
+    keys = [b.cache_key for b in builds]
+    verdict.compile.cache_key = keys[0] if len(keys) == 1 else hashlib.sha256(
+        "".join(keys).encode()).hexdigest()
+    for b in builds:
+      self.metrics.compile_cache.labels("hit" if b.cache_hit else "miss").inc()
+
+  def _merge(self, verdict: pb.Verdict, result: dict[str, Any], run_s: float) -> None:
+    """Copies a worker's Verdict-shaped dict into `verdict`."""
+    environment = result.pop("environment", {})
+    partial = pb.Verdict()
+    json_format.ParseDict(_proto_json(result), partial, ignore_unknown_fields=True)
+    if not partial.stage_timings:
+      partial.stage_timings.add(stage=pb.STAGE_LOAD, duration_s=run_s)
+    verdict.MergeFrom(partial)
+    for key, value in environment.items():
+      setattr(verdict.environment, key, value)
+
+  # ------------------------------------------------------------------ info
+
+  def info(self) -> pb.ServerInfo:
+    info = pb.ServerInfo(server_version=__version__, queue_depth=self.queue_depth,
+                         queue_capacity=self.config.queue_capacity,
+                         running=self.pool.running if self.pool else 0,
+                         compile_workers=self.config.compile_workers,
+                         max_source_bytes=self.config.max_source_bytes,
+                         verdicts_total=self.verdicts_total)
+    info.environment.CopyFrom(pb.Environment(**self.toolchain.environment()))
+    slots = collections.Counter()
+    if self.pool is not None:
+      for slot in self.pool.slots:
+        slots[slot.name.split("/")[0]] += 1
+    for gpu in self.toolchain.gpus:
+      if self.config.gpus is None or gpu.index in self.config.gpus:
+        info.gpus.add(index=gpu.index, name=gpu.name, memory_total_bytes=gpu.memory_total_bytes,
+                      arch=gpu.arch, slots=slots.get(f"gpu{gpu.index}", 0))
+    stats = self.compiler.stats()
+    info.compile_cache.CopyFrom(pb.CacheStats(**stats))
+    info.verdict_cache.CopyFrom(pb.CacheStats(entries=len(self._verdicts),
+                                              hits=self.verdict_cache_hits,
+                                              misses=self.verdict_cache_misses))
+    return info
+

@@ -1,0 +1,244 @@
+"""The gRPC front: Verify, VerifyStream, GetInfo, plus standard health checking and reflection.
+
+Requests are validated here, before anything is queued: empty or oversized sources, an empty or
+over-long request id, and messages that do not decode (protobuf refuses non-UTF-8 in string
+fields) are INVALID_ARGUMENT on the unary call. The request deserializer is ours for that reason:
+grpc's default one would turn a decode error into an opaque INTERNAL. On the stream, a request
+that decodes but is invalid comes back as a REJECTED verdict at STAGE_PARSE (the stream goes on);
+one that does not decode ends the stream with INVALID_ARGUMENT, since its id cannot be known.
+
+A full queue is RESOURCE_EXHAUSTED on Verify and an INFRA_ERROR verdict at STAGE_QUEUE on the
+stream (the proto's contract). Deadlines: grpc.aio cancels the handler when the client's deadline
+passes, and that cancellation reaches the compile processes and the worker child (reference
+counted, so a request sharing the same build with another is not disturbed).
+
+Listening beyond loopback needs a bearer token (`authorization: Bearer <token>` metadata; the
+health service is exempt so probes work) unless `insecure` is set explicitly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import logging
+from typing import Any, AsyncIterator
+
+import grpc
+from google.protobuf import message as pb_message
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from dice.verifier.v1 import verifier_pb2 as pb
+
+from verifier_service import config as config_lib
+from verifier_service import scheduler as scheduler_lib
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Verifier"].full_name
+
+
+class _Malformed:
+  """Stands in for a request whose bytes did not decode."""
+
+  def __init__(self, error: str):
+    self.error = error
+
+
+def _decode_request(data: bytes) -> pb.VerifyRequest | _Malformed:
+  try:
+    return pb.VerifyRequest.FromString(data)
+  except pb_message.DecodeError as e:
+    return _Malformed(f"request does not decode (non-UTF-8 text?): {e}")
+
+
+def validate(request: pb.VerifyRequest, config: config_lib.ServerConfig) -> str:
+  """Why the request is invalid, or "" when it may be queued."""
+  if not request.request_id:
+    return "request_id is empty"
+  if len(request.request_id.encode()) > config.max_request_id_bytes:
+    return f"request_id is longer than {config.max_request_id_bytes} bytes"
+  for field in ("reference_source", "candidate_source"):
+    text = getattr(request, field)
+    if not text.strip():
+      return f"{field} is empty"
+    size = len(text.encode())
+    if size > config.max_source_bytes:
+      return f"{field} is {size} bytes; the limit is {config.max_source_bytes}"
+  return ""
+
+
+class VerifierService:
+  """Implements dice.verifier.v1.Verifier over a Scheduler."""
+
+  def __init__(self, scheduler: scheduler_lib.Scheduler):
+    self.scheduler = scheduler
+    self.config = scheduler.config
+
+  async def Verify(self, request: Any, context: grpc.aio.ServicerContext) -> pb.Verdict:  # pylint: disable=invalid-name
+    if isinstance(request, _Malformed):
+      await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.error)
+    error = validate(request, self.config)
+    if error:
+      await context.abort(grpc.StatusCode.INVALID_ARGUMENT, error)
+    try:
+      return await self.scheduler.verify(request)
+    except scheduler_lib.QueueFull as e:
+      await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"queue full: {e}; retry later")
+
+  async def VerifyStream(self, request_iterator: AsyncIterator[Any],  # pylint: disable=invalid-name
+                         context: grpc.aio.ServicerContext) -> AsyncIterator[pb.Verdict]:
+    out: asyncio.Queue[pb.Verdict | BaseException | None] = asyncio.Queue()
+    pending: set[asyncio.Task] = set()
+
+    async def handle(request: pb.VerifyRequest) -> None:
+      try:
+        verdict = await self.scheduler.verify(request)
+      except scheduler_lib.QueueFull as e:
+        verdict = pb.Verdict(request_id=request.request_id, outcome=pb.INFRA_ERROR,
+                             stage=pb.STAGE_QUEUE, message=f"queue full: {e}; retry later")
+      await out.put(verdict)
+
+    async def read() -> None:
+      try:
+        async for request in request_iterator:
+          if isinstance(request, _Malformed):
+            raise ValueError(request.error)
+          error = validate(request, self.config)
+          if error:
+            await out.put(pb.Verdict(request_id=request.request_id, outcome=pb.REJECTED,
+                                     stage=pb.STAGE_PARSE, message=f"invalid request: {error}"))
+            continue
+          task = asyncio.ensure_future(handle(request))
+          pending.add(task)
+          task.add_done_callback(pending.discard)
+        while pending:
+          await asyncio.gather(*list(pending))
+        await out.put(None)
+      except Exception as e:  # pylint: disable=broad-except
+        await out.put(e)
+
+    reader = asyncio.ensure_future(read())
+    try:
+      while True:
+        item = await out.get()
+        if item is None:
+          break
+        if isinstance(item, BaseException):
+          await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(item))
+        yield item
+    finally:
+      reader.cancel()
+      for task in list(pending):
+        task.cancel()
+
+  async def GetInfo(self, request: pb.GetInfoRequest,  # pylint: disable=invalid-name
+                    context: grpc.aio.ServicerContext) -> pb.ServerInfo:
+    del request, context
+    return await asyncio.get_running_loop().run_in_executor(None, self.scheduler.info)
+
+
+class _TokenAuth(grpc.aio.ServerInterceptor):
+  """Requires `authorization: Bearer <token>` on every call except health checks."""
+
+  def __init__(self, token: str):
+    self._expected = f"Bearer {token}"
+
+  async def intercept_service(self, continuation, handler_call_details):
+    if handler_call_details.method.startswith("/grpc.health.v1.Health/"):
+      return await continuation(handler_call_details)
+    metadata = dict(handler_call_details.invocation_metadata or ())
+    if metadata.get("authorization") == self._expected:
+      return await continuation(handler_call_details)
+
+    async def deny(request, context):
+      del request
+      await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong bearer token")
+
+    handler = await continuation(handler_call_details)
+    if handler is not None and handler.request_streaming:
+      return grpc.stream_stream_rpc_method_handler(deny) if handler.response_streaming else (
+          grpc.stream_unary_rpc_method_handler(deny))
+    return grpc.unary_stream_rpc_method_handler(deny) if (
+        handler is not None and handler.response_streaming) else grpc.unary_unary_rpc_method_handler(deny)
+
+
+def _is_loopback(listen: str) -> bool:
+  host = listen.rsplit(":", 1)[0].strip("[]")
+  if host == "localhost":
+    return True
+  try:
+    return ipaddress.ip_address(host).is_loopback
+  except ValueError:
+    return False
+
+
+def check_exposure(config: config_lib.ServerConfig, insecure: bool) -> None:
+  """Refuses a non-loopback address without a token: the verifier runs submitted code."""
+  if not _is_loopback(config.listen) and not config.auth_token and not insecure:
+    raise ValueError(f"refusing to listen on {config.listen} without --auth-token-file "
+                     "(or --insecure): the verifier executes submitted code")
+
+
+def method_handlers(service: VerifierService) -> dict[str, grpc.RpcMethodHandler]:
+  return {
+      "Verify": grpc.unary_unary_rpc_method_handler(
+          service.Verify, request_deserializer=_decode_request,
+          response_serializer=pb.Verdict.SerializeToString),
+      "VerifyStream": grpc.stream_stream_rpc_method_handler(
+          service.VerifyStream, request_deserializer=_decode_request,
+          response_serializer=pb.Verdict.SerializeToString),
+      "GetInfo": grpc.unary_unary_rpc_method_handler(
+          service.GetInfo, request_deserializer=pb.GetInfoRequest.FromString,
+          response_serializer=pb.ServerInfo.SerializeToString),
+  }
+
+
+async def start_server(scheduler: scheduler_lib.Scheduler,
+                       insecure: bool = False) -> tuple[grpc.aio.Server, int,
+                                                        health.aio.HealthServicer]:
+  """Binds and starts the server; returns it, the bound port and its health servicer."""
+  config = scheduler.config
+  check_exposure(config, insecure)
+  interceptors = [_TokenAuth(config.auth_token)] if config.auth_token else []
+  limit = 2 * config.max_source_bytes + (256 << 10)
+  server = grpc.aio.server(interceptors=interceptors, options=[
+      ("grpc.max_receive_message_length", limit),
+      ("grpc.max_send_message_length", 16 << 20),
+      ("grpc.so_reuseport", 0),
+  ])
+  service = VerifierService(scheduler)
+  server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
+      SERVICE_NAME, method_handlers(service)),))
+  health_servicer = health.aio.HealthServicer()
+  health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+  reflection.enable_server_reflection(
+      (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
+  port = server.add_insecure_port(config.listen)
+  if port == 0:
+    raise OSError(f"could not bind {config.listen}")
+  await server.start()
+  for name in ("", SERVICE_NAME):
+    await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+  log.info("listening", extra={"fields": {"listen": config.listen, "port": port}})
+  return server, port, health_servicer
+
+
+async def serve(config: config_lib.ServerConfig, insecure: bool = False) -> None:
+  """Runs the server until SIGINT/SIGTERM, then drains for up to 30 s."""
+  import signal  # pylint: disable=import-outside-toplevel
+  check_exposure(config, insecure)
+  scheduler = scheduler_lib.Scheduler.create(config)
+  await scheduler.start()
+  server, _, health_servicer = await start_server(scheduler, insecure)
+  if config.metrics_port:
+    scheduler.metrics.serve_http(config.metrics_port)
+  stop = asyncio.Event()
+  loop = asyncio.get_running_loop()
+  for sig in (signal.SIGINT, signal.SIGTERM):
+    loop.add_signal_handler(sig, stop.set)
+  await stop.wait()
+  log.info("shutting down")
+  await health_servicer.enter_graceful_shutdown()
+  await server.stop(grace=30)
+  await scheduler.stop()
