@@ -1,0 +1,212 @@
+"""Block diffusion decoding (SDAR/TraDo) with an exact KV cache: one while_loop, static shapes.
+
+Layout. Blocks are aligned to real positions from 0, as in training, so a prompt of length p ends
+inside its block p // b (b = block_size) and the first generated block also holds the prompt's last
+p % b tokens. To keep every row on the same block at the same time, row r is left-padded by whole
+blocks: its real position t sits at buffer slot t + shift_r, shift_r = b * (F - p_r // b), where
+F = P // b for the padded prompt width P. So every row's first generated block is buffer block F,
+and rows advance through blocks F, F+1, ..., F+N-1 in lockstep. Padding never enters attention:
+row r attends only slots [shift_r, end), and slots past its own prompt + gen_length are padding.
+
+Loop. Each iteration runs the model on the current block of every row:
+- a denoising step if any unfinished row still has masked tokens there: sample, commit by rule
+  (dice_jax.sampler.policy), record the trace. Its noisy k/v land in the block's cache slots and
+  are overwritten by the next pass over the same block.
+- otherwise a cache-filling pass (as SDAR's generate.py): the block's final clean tokens are run
+  once more, which stores their exact k/v, and the loop moves to the next block. Later blocks never
+  recompute the prefix. The last block needs no such pass.
+The prompt's complete blocks are prefilled in one pass before the loop. A row is finished once a
+block it completed contains an EOS; the loop ends when every row is finished or the last block is
+done. With `kv_cache=False` each denoising step instead recomputes the whole canvas under the
+block-causal mask (the reference the cached path is tested against) and blocks need no pass.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx, struct
+
+from dice_jax.model import masks
+from dice_jax.sampler import decode_attention, policy
+from dice_jax.sampler.config import Resolved, SamplerConfig
+from dice_jax.sampler.decoder import Decoder, KVCache
+from dice_jax.sampler.policy import NEVER
+from dice_jax.sampler.rollout import Rollout, commit_ranks, finish
+
+
+@struct.dataclass
+class Layout:
+  """Where each row's prompt and generation sit in the [B, S] buffer (S = (F + N) * b)."""
+  shift_B: jax.Array  # left padding slots (a multiple of b)
+  gen_start_B: jax.Array  # slot of the first generated token (= F * b + p % b)
+  gen_end_B: jax.Array  # one past the last generated slot; later slots are padding
+  positions_BxS: jax.Array  # RoPE position of each slot (real position; 0 on left padding)
+  gen_BxS: jax.Array  # slot belongs to the row's generated region
+  block_size: int = struct.field(pytree_node=False)
+  first_block: int = struct.field(pytree_node=False)  # F
+  num_blocks: int = struct.field(pytree_node=False)  # F + N: blocks in the buffer
+
+  @property
+  def length(self) -> int:
+    return self.num_blocks * self.block_size
+
+
+def make_layout(prompt_lengths_B: jax.Array, prompt_width: int, gen_length: int, block_size: int) -> Layout:
+  b = block_size
+  first = prompt_width // b
+  gen_blocks = -(-(gen_length + b - 1) // b)  # enough for any prompt tail p % b <= b - 1
+  length = (first + gen_blocks) * b
+  lengths = prompt_lengths_B.astype(jnp.int32)
+  shift = b * (first - lengths // b)
+  gen_start = first * b + lengths % b
+  slot = jnp.arange(length, dtype=jnp.int32)[None, :]
+  return Layout(shift_B=shift, gen_start_B=gen_start, gen_end_B=gen_start + gen_length,
+                positions_BxS=jnp.maximum(slot - shift[:, None], 0),
+                gen_BxS=(slot >= gen_start[:, None]) & (slot < (gen_start + gen_length)[:, None]),
+                block_size=b, first_block=first, num_blocks=first + gen_blocks)
+
+
+def block_causal_mask(layout: Layout, length: int) -> masks.AttentionMask:
+  """Explicit [B, L, L] mask over the first `length` slots: block-causal, padding keys removed.
+
+  Each slot also sees itself, so padding queries (whose outputs are never used) have a key.
+  """
+  slot = jnp.arange(length)
+  blocks = slot // layout.block_size
+  causal = blocks[None, :] <= blocks[:, None]
+  key_ok_BxL = (slot[None, :] >= layout.shift_B[:, None]) & (slot[None, :] < layout.gen_end_B[:, None])
+  return masks.explicit((causal[None] & key_ok_BxL[:, None, :]) | jnp.eye(length, dtype=jnp.bool_)[None])
+
+
+@struct.dataclass
+class LoopState:
+  canvas_BxS: jax.Array  # int32 tokens; mask_id where not yet committed
+  commit_step_BxS: jax.Array  # int32; NEVER outside the generated region and before commit
+  logprob_BxS: jax.Array  # float32
+  done_B: jax.Array  # bool: finished (EOS in a completed block)
+  block: jax.Array  # int32 buffer block being decoded
+  block_step: jax.Array  # int32 denoising steps already taken in this block
+  step: jax.Array  # int32 global denoising step counter
+  cache: KVCache | None = None
+
+
+def _slice_block(x_BxS: jax.Array, start: jax.Array, b: int) -> jax.Array:
+  return jax.lax.dynamic_slice_in_dim(x_BxS, start, b, axis=1)
+
+
+def _put_block(x_BxS: jax.Array, blk_Bxb: jax.Array, start: jax.Array) -> jax.Array:
+  return jax.lax.dynamic_update_slice_in_dim(x_BxS, blk_Bxb.astype(x_BxS.dtype), start, axis=1)
+
+
+class BlockSampler:
+  """The pieces of one block-diffusion rollout (init, loop body/condition, finish), all traceable."""
+
+  def __init__(self, graphdef: nnx.GraphDef, state: nnx.State, config: SamplerConfig, settings: Resolved):
+    self.decoder = Decoder(graphdef, state)
+    self.config, self.settings = config, settings
+    self.implementation = decode_attention.choose(config.decode_attention)
+
+  def init(self, prompt_BxP: jax.Array, prompt_lengths_B: jax.Array) -> tuple[Layout, LoopState]:
+    """Canvas, cache (with the prompt's complete blocks prefilled) and counters."""
+    s, cfg = self.settings, self.config
+    batch, width = prompt_BxP.shape
+    layout = make_layout(prompt_lengths_B, width, cfg.gen_length, s.block_size)
+    src_BxS = jnp.arange(layout.length)[None, :] - layout.shift_B[:, None]
+    from_prompt = (src_BxS >= 0) & (src_BxS < prompt_lengths_B[:, None])
+    prompt_tokens = jnp.take_along_axis(prompt_BxP, jnp.clip(src_BxS, 0, width - 1), axis=1)
+    canvas = jnp.where(from_prompt, prompt_tokens, s.pad_id)
+    canvas = jnp.where(layout.gen_BxS, s.mask_id, canvas).astype(jnp.int32)
+    cache = None
+    if cfg.kv_cache:
+      mc = self.decoder.config
+      cache = decode_attention.init_cache(
+          mc.num_layers, batch, mc.num_kv_heads, decode_attention.cache_length(layout.length, self.implementation),
+          mc.head_dim, mc.compute_dtype)
+      prefix = layout.first_block * layout.block_size
+      if prefix:
+        x = self.decoder.embed(canvas[:, :prefix])
+        _, kv = self.decoder.full(x, layout.positions_BxS[:, :prefix], block_causal_mask(layout, prefix),
+                                  return_kv=True)
+        cache = self.decoder.fill_cache(cache, kv)
+      self.decoder.prepare_cached()
+    zero = jnp.zeros((), jnp.int32)
+    state = LoopState(canvas_BxS=canvas, commit_step_BxS=jnp.full(canvas.shape, NEVER, jnp.int32),
+                      logprob_BxS=jnp.zeros(canvas.shape, jnp.float32), done_B=jnp.zeros((batch,), jnp.bool_),
+                      block=zero + layout.first_block, block_step=zero, step=zero, cache=cache)
+    return layout, state
+
+  def _masked(self, layout: Layout, st: LoopState, start: jax.Array) -> jax.Array:
+    b = layout.block_size
+    open_Bxb = _slice_block(layout.gen_BxS, start, b) & (_slice_block(st.commit_step_BxS, start, b) == NEVER)
+    return open_Bxb & ~st.done_B[:, None]
+
+  def cond(self, layout: Layout, st: LoopState) -> jax.Array:
+    start = st.block * layout.block_size
+    last = st.block >= layout.num_blocks - 1
+    more = ~last | jnp.any(self._masked(layout, st, start))
+    return more & (st.block < layout.num_blocks) & ~jnp.all(st.done_B)
+
+  def _hidden_full(self, layout: Layout, canvas_BxS: jax.Array, start: jax.Array) -> jax.Array:
+    x = self.decoder.full(self.decoder.embed(canvas_BxS), layout.positions_BxS,
+                          block_causal_mask(layout, layout.length))
+    return jax.lax.dynamic_slice_in_dim(x, start, layout.block_size, axis=1)
+
+  def _hidden_cached(self, layout: Layout, st: LoopState, start: jax.Array) -> tuple[jax.Array, KVCache]:
+    b = layout.block_size
+    x = self.decoder.embed(_slice_block(st.canvas_BxS, start, b))
+    end_B = jnp.minimum(start + b, layout.gen_end_B)
+    return self.decoder.cached(x, _slice_block(layout.positions_BxS, start, b), st.cache, start, layout.shift_B,
+                               end_B, self.implementation)
+
+  def body(self, layout: Layout, rng: jax.Array, st: LoopState) -> LoopState:
+    b, s, cfg = layout.block_size, self.settings, self.config
+    start = st.block * b
+    masked_Bxb = self._masked(layout, st, start)
+    hidden, cache = None, None
+    if cfg.kv_cache:  # every pass stores the block's k/v; outside the cond so buffers stay in place
+      hidden, cache = self._hidden_cached(layout, st, start)
+    small = st.replace(cache=None)
+
+    def advance(small: LoopState) -> LoopState:
+      return small.replace(block=small.block + 1, block_step=jnp.zeros_like(small.block_step))
+
+    def denoise(small: LoopState) -> LoopState:
+      h = hidden if cfg.kv_cache else self._hidden_full(layout, small.canvas_BxS, start)
+      tokens_Bxb, logp_Bxb, conf_Bxb = policy.sample_tokens(
+          self.decoder.head(h), jax.random.fold_in(rng, small.step), cfg)
+      commit = policy.select_commits(conf_Bxb, masked_Bxb, small.block_step, s.steps_per_block, cfg)
+      blk = _slice_block(small.canvas_BxS, start, b)
+      blk = jnp.where(commit, tokens_Bxb, blk)
+      steps = jnp.where(commit, small.step, _slice_block(small.commit_step_BxS, start, b))
+      logps = jnp.where(commit, logp_Bxb, _slice_block(small.logprob_BxS, start, b))
+      row_complete = ~jnp.any(masked_Bxb & ~commit, axis=1)
+      eos_here = jnp.any(_slice_block(layout.gen_BxS, start, b) & jnp.isin(blk, jnp.asarray(s.eos_ids or (-1,))),
+                         axis=1)
+      return small.replace(
+          canvas_BxS=_put_block(small.canvas_BxS, blk, start),
+          commit_step_BxS=_put_block(small.commit_step_BxS, steps, start),
+          logprob_BxS=_put_block(small.logprob_BxS, logps, start),
+          done_B=small.done_B | (row_complete & eos_here),
+          block_step=small.block_step + 1, step=small.step + 1)
+
+    small = jax.lax.cond(jnp.any(masked_Bxb), denoise, advance, small)
+    return small.replace(cache=cache)
+
+  def finish(self, layout: Layout, st: LoopState) -> Rollout:
+    b, s = layout.block_size, self.settings
+    idx_BxG = layout.gen_start_B[:, None] + jnp.arange(self.config.gen_length)[None, :]
+    batch = st.canvas_BxS.shape[0]
+    ranks_BxS = commit_ranks(st.commit_step_BxS.reshape(batch, -1, b)).reshape(batch, -1)
+    take = lambda x: jnp.take_along_axis(x, idx_BxG, axis=1)  # noqa: E731
+    return finish(take(st.canvas_BxS), take(st.commit_step_BxS), take(st.logprob_BxS),
+                  idx_BxG // b - layout.first_block, take(ranks_BxS), st.step, s.eos_ids, s.pad_id)
+
+
+def generate_block(graphdef: nnx.GraphDef, state: nnx.State, prompt_BxP: jax.Array, prompt_lengths_B: jax.Array,
+                   rng: jax.Array, config: SamplerConfig, settings: Resolved) -> Rollout:
+  """A whole block-diffusion rollout (traceable; dice_jax.sampler.api jits it)."""
+  sampler = BlockSampler(graphdef, state, config, settings)
+  layout, st = sampler.init(prompt_BxP, prompt_lengths_B)
+  st = jax.lax.while_loop(lambda st: sampler.cond(layout, st), lambda st: sampler.body(layout, rng, st), st)
+  return sampler.finish(layout, st)
