@@ -14,6 +14,7 @@ import dataclasses
 import json
 import math
 import os
+import sys
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -39,6 +40,24 @@ class LoggingConfig:
 
   def __post_init__(self):
     require(self.every_steps > 0, "every_steps", f"must be > 0, got {self.every_steps}")
+
+
+def _summary_writer_class():
+  """tensorboardX's SummaryWriter, imported without torch.
+
+  tensorboardX imports torch at import time when it is installed (it is, on the verifier side of
+  the same environment): seven seconds, and dice_jax must not import torch. Its torch support is
+  optional (`try: import torch / except ImportError`), so torch is hidden for that one import.
+  """
+  if "torch" in sys.modules:
+    from tensorboardX import SummaryWriter
+    return SummaryWriter
+  sys.modules["torch"] = None  # makes `import torch` raise ImportError
+  try:
+    from tensorboardX import SummaryWriter
+  finally:
+    del sys.modules["torch"]
+  return SummaryWriter
 
 
 def _format(value: float) -> str:
@@ -87,9 +106,7 @@ class MetricsLogger:
       return
     os.makedirs(run_dir, exist_ok=True)
     if cfg.tensorboard:
-      from tensorboardX import SummaryWriter  # deferred: a plain library user may not log to TB
-
-      self._writer = SummaryWriter(os.path.join(run_dir, "tensorboard"),
+      self._writer = _summary_writer_class()(os.path.join(run_dir, "tensorboard"),
                                    purge_step=start_step + 1 if start_step else None)
       if config_text:
         self._writer.add_text("config", f"```\n{config_text}\n```", start_step)

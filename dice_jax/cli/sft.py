@@ -54,26 +54,30 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 class _StopFlag:
-  """Set by SIGTERM (and the first Ctrl-C); the loop saves a checkpoint and returns."""
+  """Set by SIGTERM (and the first Ctrl-C) while installed; the loop saves and returns."""
 
   def __init__(self):
     self.signal: int | None = None
+    self._previous = {}
 
   def __call__(self) -> bool:
     return self.signal is not None
 
-  def install(self) -> None:
-    if threading.current_thread() is not threading.main_thread():
-      return
+  def _handle(self, signum, frame):
+    del frame
+    self.signal = signum
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # a second Ctrl-C: stop now
+    logging.getLogger(__name__).warning("signal %d: saving a checkpoint, then stopping", signum)
 
-    def handler(signum, frame):
-      del frame
-      self.signal = signum
-      signal.signal(signal.SIGINT, signal.default_int_handler)  # a second Ctrl-C: stop now
-      logging.getLogger(__name__).warning("signal %d: saving a checkpoint, then stopping", signum)
+  def __enter__(self) -> _StopFlag:
+    if threading.current_thread() is threading.main_thread():
+      for signum in (signal.SIGTERM, signal.SIGINT):
+        self._previous[signum] = signal.signal(signum, self._handle)
+    return self
 
-    signal.signal(signal.SIGTERM, handler)
-    signal.signal(signal.SIGINT, handler)
+  def __exit__(self, *exc) -> None:
+    for signum, handler in self._previous.items():
+      signal.signal(signum, handler)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -105,10 +109,9 @@ def _train(cfg) -> int:
   from dice_jax.model.hf_io import CheckpointError as HFCheckpointError
   from dice_jax.train.sft_loop import TrainingDiverged, run_sft
 
-  stop = _StopFlag()
-  stop.install()
   try:
-    result = run_sft(cfg, should_stop=stop)
+    with _StopFlag() as stop:
+      result = run_sft(cfg, should_stop=stop)
   except (ConfigError, SFTDataError, UnsupportedModelError, FileNotFoundError) as e:
     print(f"dice sft: {e}", file=sys.stderr)
     return EXIT_USAGE

@@ -40,9 +40,9 @@ class ModelSection:
   seed: int = 0  # random init only
 
   def __post_init__(self):
+    require_dir(self.path, "path")
     require((self.path is None) != (self.init is None), "path",
             "set exactly one of model.path (a checkpoint directory) and model.init (a random model)")
-    require_dir(self.path, "path")
     require(self.remat in REMAT_POLICIES, "remat", f"{self.remat!r} is not one of {list(REMAT_POLICIES)}")
     require(self.attention_impl in ATTENTION_IMPLS, "attention_impl",
             f"{self.attention_impl!r} is not one of {list(ATTENTION_IMPLS)}")
