@@ -98,11 +98,13 @@ def compile_train_step(train_step: Callable, abstract_state: TrainState, abstrac
                        state_sharding: TrainState, batch_sharding: Any, mesh: Mesh):
   """Lowers and compiles `train_step` once, donating the state; logs the memory analysis.
 
+  Traced under `jax.set_mesh(mesh)`, so the model's logical activation constraints apply.
   Returns the compiled executable: call it as `compiled(state, batch)`. Metrics come back
   replicated, so reading them on any host needs no gather.
   """
   jitted = jax.jit(train_step, in_shardings=(state_sharding, batch_sharding),
                    out_shardings=(state_sharding, NamedSharding(mesh, P())), donate_argnums=0)
-  compiled = jitted.lower(abstract_state, abstract_batch).compile()
+  with jax.set_mesh(mesh):
+    compiled = jitted.lower(abstract_state, abstract_batch).compile()
   log.info("%s", format_memory_analysis(compiled))
   return compiled
