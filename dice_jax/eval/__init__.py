@@ -1,0 +1,1 @@
+"""KernelBench-style evaluation: metrics, resumable verdict store, reports, plots, run comparison."""

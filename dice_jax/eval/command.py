@@ -1,0 +1,152 @@
+"""The body of the `dice eval` command (argument parsing lives in dice_jax/cli/eval.py)."""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+import re
+import sys
+
+from rich.console import Console
+from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn,
+                           TimeElapsedColumn, TimeRemainingColumn)
+
+from dice.verifier.v1 import verifier_pb2 as pb
+from dice_jax.data import prompts
+from dice_jax.data.problems import ProblemLoadError, load_problems
+from dice_jax.eval import compare as compare_lib
+from dice_jax.eval import connect as connect_lib
+from dice_jax.eval import generations as gen_lib
+from dice_jax.eval import pipeline
+from dice_jax.eval import report
+from dice_jax.eval.local_verifier import LocalVerifierError
+
+EXIT_OK, EXIT_USAGE, EXIT_VERIFIER = 0, 2, 4
+_PRECISIONS = {"fp32": pb.FP32, "fp16": pb.FP16, "bf16": pb.BF16}
+
+
+def _error(message: str, code: int = EXIT_USAGE) -> int:
+  print(f"dice eval: error: {message}", file=sys.stderr)
+  return code
+
+
+def _progress(console: Console) -> Progress:
+  return Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), TimeRemainingColumn(), console=console)
+
+
+def default_out(args: argparse.Namespace) -> pathlib.Path:
+  stem = re.sub(r"[^A-Za-z0-9._-]+", "-", pathlib.Path(args.problems.replace(":", "-")).stem)
+  if args.model:
+    source = pathlib.Path(args.model).resolve().name
+  elif args.generations:
+    source = pathlib.Path(args.generations).resolve().name
+  else:
+    source = "reference"
+  return pathlib.Path("runs") / "eval" / f"{stem}-{source}"
+
+
+def _template(path: str | None, default: prompts.PromptTemplate) -> prompts.PromptTemplate:
+  return prompts.PromptTemplate.from_yaml(path) if path else default
+
+
+def options_from(args: argparse.Namespace) -> pb.VerifyOptions:
+  return pb.VerifyOptions(precision=_PRECISIONS[args.precision], num_correctness_trials=args.trials,
+                          atol=args.atol, rtol=args.rtol, skip_timing=args.skip_timing)
+
+
+def _model_source(args: argparse.Namespace) -> pipeline.ModelSource:
+  from dice_jax.generation.completion import DecodeSettings  # pylint: disable=import-outside-toplevel
+  decode = DecodeSettings(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                          top_p=args.top_p, greedy=args.samples == 1, mode=args.decode_mode,
+                          threshold=args.threshold)
+  return pipeline.ModelSource(
+      model_dir=args.model, samples=args.samples, decode=decode, seed=args.seed,
+      batch_size=args.batch_size,
+      infilling_template=_template(args.template_infilling, prompts.INFILLING),
+      end_to_end_template=_template(args.template_end_to_end, prompts.END_TO_END))
+
+
+def evaluate(args: argparse.Namespace) -> int:
+  progress_console, console = Console(stderr=True), report.stdout_console()
+  try:
+    problems = load_problems(args.problems)
+    if args.level:
+      problems = [p for p in problems if p.level in set(args.level)]
+    if args.limit is not None:
+      problems = problems[:args.limit]
+    if not problems:
+      return _error("no problems left after --level/--limit")
+    mode = gen_lib.resolve_mode(problems, args.mode)
+    source = _model_source(args) if args.model else None
+  except (ProblemLoadError, ValueError) as e:
+    return _error(str(e))
+  out = args.out or default_out(args)
+  args.resolved_out = out
+  out.mkdir(parents=True, exist_ok=True)
+  options = options_from(args)
+  try:
+    if args.reference_generations:
+      gen_lib.write_reference_generations(out / "generations", problems)
+    gens_dir = pathlib.Path(args.generations) if args.generations else out / "generations"
+    if args.generations:  # cheap layout errors before anything is started
+      gen_lib.read_generations(gens_dir, problems, allow_missing=args.allow_missing)
+  except (gen_lib.GenerationsError, ValueError) as e:
+    return _error(str(e))
+  try:
+    connection = connect_lib.connect(
+        args.verifier, connect_timeout_s=args.connect_timeout, request_timeout_s=args.request_timeout,
+        auth_token_file=args.auth_token_file, local_log=out / "verifier.log")
+  except (connect_lib.VerifierUnreachable, LocalVerifierError) as e:
+    return _error(str(e), EXIT_VERIFIER)
+  except ValueError as e:
+    return _error(str(e))
+  progress_console.print(f"verifier: {connection.describe()}")
+  try:
+    if source is not None:
+      with _progress(progress_console) as progress:
+        task = progress.add_task("generating", total=None)
+        made = pipeline.generate_missing(
+            gens_dir, problems, source, mode,
+            on_batch=lambda done, total: progress.update(task, completed=done, total=total))
+      progress_console.print(f"generated {made} sample(s) into {gens_dir}")
+    gens = gen_lib.read_generations(gens_dir, problems, allow_missing=args.allow_missing)
+    scored = [p for p in problems if p.id in gens]
+    run_info = {"name": args.name or out.name, "problems_source": args.problems,
+                "generations": str(gens_dir), "model": args.model,
+                "sampling": (f"{source.samples} sample(s) per problem, {source.decode.describe()}"
+                             if source else None)}
+    with _progress(progress_console) as progress:
+      task = progress.add_task("verifying", total=None)
+      outcome = pipeline.run_eval(
+          out, scored, gens, connection, mode=mode, options=options, run_info=run_info,
+          on_plan=lambda plan: progress.update(task, total=len(plan.pending)),
+          on_verdict=lambda s, v: progress.update(
+              task, advance=1, description=f"{s.problem.id}/{s.generation.sample}: "
+                                           f"{pb.Outcome.Name(v.outcome)}"),
+          make_plots=not args.no_plots)
+  except (gen_lib.GenerationsError, ValueError, FileNotFoundError) as e:
+    return _error(str(e))
+  finally:
+    connection.close()
+  summary = outcome.summary
+  console.print(report.console_table(summary))
+  for note in summary["notes"]:
+    console.print(f"[bold]Note:[/bold] {note}")
+  console.print(f"{outcome.sent} candidate(s) verified now, {outcome.from_store} from earlier runs; "
+                f"results in {out}/ (summary.json, summary.md, problems/, "
+                f"{'plots' if outcome.plots else 'no plots'})")
+  return EXIT_VERIFIER if outcome.infra else EXIT_OK
+
+
+def compare(args: argparse.Namespace) -> int:
+  try:
+    result = compare_lib.compare(*args.compare)
+  except ValueError as e:
+    return _error(str(e))
+  console = report.stdout_console()
+  console.print(compare_lib.console_table(result))
+  if args.out:
+    compare_lib.write_outputs(args.out, result)
+    console.print(f"written: {args.out}/compare.json, compare.md, compare_fast_p.png")
+  return EXIT_OK
