@@ -1,6 +1,6 @@
 """`VerifierClient`: the verifier client for ordinary (non-async) code, such as the training loop.
 
-The async client runs on its own event loop in a daemon thread. `submit` returns a
+The async client runs on a process-wide event loop in a daemon thread. `submit` returns a
 `concurrent.futures.Future` at once, which is how the trainer overlaps verification of step k
 with the rollout of step k+1 (DESIGN §1); `verify_batch` is submit-and-wait.
 """
@@ -16,24 +16,37 @@ from dice.verifier.v1 import verifier_pb2 as pb
 from dice_jax.rewards.client import AsyncVerifierClient, ClientConfig, Verdict, VerifyItem, VerifyOptions
 
 
+_loop: asyncio.AbstractEventLoop | None = None
+_loop_lock = threading.Lock()
+
+
+def background_loop() -> asyncio.AbstractEventLoop:
+  """The process-wide event loop, on a daemon thread, that every `VerifierClient` runs on.
+
+  Started on first use and never closed: grpc.aio keeps process-global state tied to the loops it
+  has served, and a closed loop makes later calls fail. Other grpc.aio objects that must coexist
+  with the facade (an in-process server in a test, say) can run here too.
+  """
+  global _loop
+  with _loop_lock:
+    if _loop is None:
+      _loop = asyncio.new_event_loop()
+      threading.Thread(target=_loop.run_forever, name="dice-grpc-loop", daemon=True).start()
+    return _loop
+
+
 class VerifierClient:
   """Thread-safe, blocking-or-future facade over `AsyncVerifierClient`. Close it (or use `with`)."""
 
   def __init__(self, config: ClientConfig = ClientConfig(), *, options: VerifyOptions | None = None,
                auth_token: str | None = None):
     self.config = config
-    self._loop = asyncio.new_event_loop()
-    self._thread = threading.Thread(target=self._loop.run_forever, name="verifier-client", daemon=True)
-    self._thread.start()
+    self._loop = background_loop()
 
     async def make() -> AsyncVerifierClient:  # grpc.aio channels belong to the loop they are made in
       return AsyncVerifierClient(config, options=options, auth_token=auth_token)
 
-    try:
-      self._client = asyncio.run_coroutine_threadsafe(make(), self._loop).result()
-    except BaseException:
-      self._stop_loop()
-      raise
+    self._client = asyncio.run_coroutine_threadsafe(make(), self._loop).result()
     self._closed = False
 
   def submit(self, items: Sequence[VerifyItem]) -> concurrent.futures.Future[list[Verdict]]:
@@ -57,17 +70,11 @@ class VerifierClient:
     return asyncio.run_coroutine_threadsafe(snapshot(), self._loop).result()
 
   def close(self) -> None:
-    """Cancels outstanding work (its futures get INFRA_ERROR verdicts) and stops the thread."""
+    """Cancels outstanding work (its futures get INFRA_ERROR verdicts) and closes the channels."""
     if self._closed:
       return
     self._closed = True
     asyncio.run_coroutine_threadsafe(self._client.close(), self._loop).result()
-    self._stop_loop()
-
-  def _stop_loop(self) -> None:
-    self._loop.call_soon_threadsafe(self._loop.stop)
-    self._thread.join()
-    self._loop.close()
 
   def __enter__(self) -> VerifierClient:
     return self

@@ -88,3 +88,13 @@ def test_every_dice_infilling_item_renders(shared_dir):
   for p in P.load_problems(shared_dir / "data/dice/kernel_infilling_evaluation.json"):
     user = Q.build_messages(p, 1)[1]["content"]
     assert p.middle not in user and Q.MISSING_MARKER in user
+
+
+def test_prompts_render_through_the_sdar_chat_template(shared_dir, relu):
+  """The messages are what the model's own chat template expects (system/user, generation prompt)."""
+  from dice_jax.model.tokenizer import load_tokenizer
+  tokenizer = load_tokenizer(shared_dir / "models/sdar-4b-chat")
+  for phase in (1, 2):
+    text = tokenizer.apply_chat_template(Q.build_messages(relu, phase), add_generation_prompt=True)
+    assert text.startswith("<|im_start|>system\n") and text.endswith("<|im_start|>assistant\n")
+    assert relu.reference_source.strip() in text

@@ -8,17 +8,15 @@ from dice_jax.data import rl_data
 from dice_jax.rewards import candidates
 from dice_jax.rewards.client import ClientConfig
 from dice_jax.rewards.sync_client import VerifierClient
-from verifier_fakes import FakeVerifier, LoopThread
+from verifier_fakes import FakeVerifier, run
 
 
 @pytest.fixture(scope="module")
 def server():
-  loop = LoopThread()
   fake = FakeVerifier("a")
-  address = loop.run(fake.start())
+  address = run(fake.start())
   yield fake, address
-  loop.run(fake.stop())
-  loop.close()
+  run(fake.stop())
 
 
 def test_submit_completions_assembles_phase1_and_skips_format_failures(server):

@@ -10,7 +10,7 @@ import pytest
 from dice.verifier.v1 import verifier_pb2 as pb
 from dice_jax.rewards.client import AsyncVerifierClient, ClientConfig, VerifyItem, cache_key
 from dice_jax.rewards.sync_client import VerifierClient
-from verifier_fakes import FakeVerifier, LoopThread, free_port
+from verifier_fakes import FakeVerifier, free_port, run
 
 REF = "class Model: pass\ndef get_inputs(): return []\ndef get_init_inputs(): return []\n"
 FAST = dict(connect_timeout_s=0.5, backoff_initial_s=0.05, backoff_max_s=0.2, request_timeout_s=5.0)
@@ -18,18 +18,6 @@ FAST = dict(connect_timeout_s=0.5, backoff_initial_s=0.05, backoff_max_s=0.2, re
 
 def items(n, tag="c"):
   return [VerifyItem(REF, f"class ModelNew: pass  # {tag}{i}") for i in range(n)]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def loop_thread():
-  global _LOOP
-  _LOOP = LoopThread()
-  yield _LOOP
-  _LOOP.close()
-
-
-def run(coro):
-  return _LOOP.run(coro)
 
 
 async def with_servers(fakes, body, **config):

@@ -10,12 +10,12 @@ from __future__ import annotations
 import asyncio
 import collections
 import socket
-import threading
 
 import grpc
 
 from dice.verifier.v1 import verifier_pb2 as pb
 from dice.verifier.v1 import verifier_pb2_grpc as pb_grpc
+from dice_jax.rewards.sync_client import background_loop
 
 
 class FakeVerifier(pb_grpc.VerifierServicer):
@@ -88,20 +88,6 @@ def free_port() -> int:
     return s.getsockname()[1]
 
 
-class LoopThread:
-  """An event loop in a daemon thread: fake servers live here while sync code calls into them.
-
-  One loop per test module, because grpc.aio objects must not outlive the loop they were made in.
-  """
-
-  def __init__(self):
-    self.loop = asyncio.new_event_loop()
-    self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-    self._thread.start()
-
-  def run(self, coro, timeout_s: float = 60.0):
-    return asyncio.run_coroutine_threadsafe(asyncio.wait_for(coro, timeout_s), self.loop).result()
-
-  def close(self) -> None:
-    self.loop.call_soon_threadsafe(self.loop.stop)
-    self._thread.join()
+def run(coro, timeout_s: float = 60.0):
+  """Runs `coro` on the loop the sync client uses (one loop per process: see background_loop)."""
+  return asyncio.run_coroutine_threadsafe(asyncio.wait_for(coro, timeout_s), background_loop()).result()
