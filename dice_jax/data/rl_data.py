@@ -53,9 +53,15 @@ def make_item(problem: Problem, phase: int, *, infilling: prompts.PromptTemplate
   }
 
 
-def collate(items: Sequence[Mapping[str, Any]]) -> dict[str, list[Any]]:
-  """Items → columns (`{"phase": [1, 1, 2], ...}`), the `**item_columns` of reward functions."""
-  return {key: [item[key] for item in items] for key in (items[0] if items else ITEM_COLUMNS)}
+def collate(items: Sequence[Mapping[str, Any]], repeat: int = 1) -> dict[str, list[Any]]:
+  """Items → columns (`{"phase": [1, 1, 2], ...}`), the `**item_columns` of reward functions.
+
+  `repeat=G` repeats each item's values G times in a row, matching G completions per prompt.
+  """
+  if repeat < 1:
+    raise ValueError(f"repeat must be >= 1, got {repeat}")
+  keys = items[0] if items else ITEM_COLUMNS
+  return {key: [item[key] for item in items for _ in range(repeat)] for key in keys}
 
 
 def _resolve_backend(backend: Backend) -> str:

@@ -58,6 +58,10 @@ def test_items_have_the_reward_columns(tiny, dice_phase2):
   assert item2["phase"] == 2 and item2["level"] == -1 and item2["prefix"] == item2["suffix"] == ""
   columns = R.collate([item, item2])
   assert columns["phase"] == [1, 2] and set(columns) == set(R.ITEM_COLUMNS)
+  grouped = R.collate([item, item2], repeat=3)  # 3 completions per prompt
+  assert grouped["phase"] == [1, 1, 1, 2, 2, 2] and len(grouped["messages"]) == 6
+  with pytest.raises(ValueError, match="repeat must be >= 1"):
+    R.collate([item], repeat=0)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

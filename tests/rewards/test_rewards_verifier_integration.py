@@ -79,7 +79,7 @@ def relu():
 
 
 def _columns(problem, phase, n):
-  return rl_data.collate([rl_data.make_item(problem, phase)] * n)
+  return rl_data.collate([rl_data.make_item(problem, phase)], repeat=n)
 
 
 def test_server_info_reports_no_gpu_so_the_tiny_config_scores_compile_only(verifier):
