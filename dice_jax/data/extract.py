@@ -110,7 +110,9 @@ def _assignment_at(code: str, start: int, var: str) -> str | None:
   `tokenize` finds where the statement ends (escapes, implicit concatenation, both quote styles);
   `ast` then checks it is one assignment of a plain str constant to `var`.
   """
-  tokens = tokenize.generate_tokens(io.StringIO(code[start:]).readline)
+  rest = code[start:]
+  lines = io.StringIO(rest).readlines()  # the lines tokenize numbers: split at "\n" only
+  tokens = tokenize.generate_tokens(io.StringIO(rest).readline)
   end = None
   try:
     for tok in tokens:
@@ -122,7 +124,6 @@ def _assignment_at(code: str, start: int, var: str) -> str | None:
     return None
   if end is None:
     return None
-  lines = code[start:].splitlines(keepends=True)
   segment = "".join(lines[:end[0] - 1]) + lines[end[0] - 1][:end[1]]
   segment = segment.lstrip(" \t")
   tree = _parse(segment)

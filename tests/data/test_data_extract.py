@@ -34,6 +34,11 @@ def test_middle_found_in_odd_wrappings(text):
   assert _middle(text) == MIDDLE
 
 
+def test_unusual_line_separators_inside_the_cuda_string():
+  middle = 'source = """\n// form\x0cfeed and \u2028 line separator\n__global__ void k() {}\n"""'
+  assert _middle(f"```python\n{middle}\n```\nDone.") == middle
+
+
 def test_whole_file_emission_keeps_only_the_source_assignment():
   hostile = (PREFIX + MIDDLE + "\n\ncpp_src = 'x'\nimport os\nos.system('rm -rf /')\n"
              "class ModelNew(torch.nn.Module):\n    def forward(self, x):\n        return torch.relu(x)\n")
