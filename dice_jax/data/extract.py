@@ -35,6 +35,7 @@ import warnings
 
 FORMAT = "format"
 MAX_GENERATION_CHARS = 1_000_000
+_MAX_TRIES = 8
 
 _FENCE = re.compile(r"```[ \t]*([^\n`]*)\n(.*?)(```|\Z)", re.S)
 _ASSIGN_START = re.compile(r"^[ \t]*(?P<name>[A-Za-z_]\w*)[ \t]*=[ \t]*[A-Za-z]{0,2}(?:\"\"\"|''')", re.M)
@@ -140,7 +141,7 @@ def _assignment_at(code: str, start: int, var: str) -> str | None:
 def _last_assignment(code: str, var: str) -> tuple[str | None, bool]:
   """(the last valid `var = '''...'''` statement in `code`, whether any attempt was seen)."""
   starts = [m.start("name") for m in _ASSIGN_START.finditer(code) if m.group("name") == var]
-  for start in reversed(starts):
+  for start in reversed(starts[-_MAX_TRIES:]):  # bounded: each try may tokenize to the end
     segment = _assignment_at(code, start, var)
     if segment is not None:
       return segment, True
@@ -215,9 +216,10 @@ def extract_end_to_end(text: str) -> Extraction:
              + [b.body for b in reversed(blocks) if not b.complete])
   if not blocks:
     choices.append(text)
-  if not any(c.strip() for c in choices):
+  code = next((c for c in choices if c.strip()), None)
+  if code is None:
     return _fail("no code in the generation")
-  code = choices[0].strip("\n") + "\n"
+  code = code.strip("\n") + "\n"
   tree = _parse(code)
   if isinstance(tree, str):
     return _fail(f"the code {tree}")

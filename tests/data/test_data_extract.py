@@ -106,6 +106,7 @@ def test_real_dice_and_bundled_middles_round_trip(shared_dir):
     (f"```cuda\n__global__ void k() {{}}\n```\n```python\n{MODEL_NEW}```", True),
     (f"```python\n{MODEL_NEW}```\n```bash\npython run.py\n```", True),        # ModelNew block preferred
     (f"```python\n{MODEL_NEW}", True),                                        # cut off after a complete file
+    (f"```python\n```\nAgain:\n```python\n{MODEL_NEW}", True),                  # empty block, then cut-off one
     ("```python\nclass ModelNew(torch.nn.Module):\n    def forward(self, x):\n", False),  # cut off mid-body
     ("hello", False),
     ("```python\nimport torch\n```", False),
