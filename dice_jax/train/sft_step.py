@@ -54,8 +54,9 @@ def resolve_objective(config: ModelConfig, requested: str) -> str:
 
 
 def make_sft_loss(graphdef: nnx.GraphDef, objective: str, cfg: SFTTrainConfig) -> LossFn:
-  """loss_fn(params, batch, rng) -> (loss, metrics) over a padded SFT batch."""
-  def loss_fn(params: Any, batch: dict[str, jax.Array], rng: jax.Array):
+  """loss_fn(params, batch, rng, context) -> (loss, metrics) over a padded SFT batch."""
+  def loss_fn(params: Any, batch: dict[str, jax.Array], rng: jax.Array, context: None):
+    del context  # SFT has no frozen inputs
     return diffusion_loss(graphdef, params, batch["tokens"], batch["response_mask"], rng,
                           objective=objective, eps=cfg.mask_eps, normalize=cfg.normalize)
   return loss_fn

@@ -1,10 +1,12 @@
 """One optimizer update as a pure function, and compiling it once with explicit shardings.
 
 `make_train_step(loss_fn, ...)` serves any objective with the signature
-`loss_fn(params, batch, rng) -> (loss, aux_metrics)`: the SFT diffusion losses and the RL policy
-losses alike. The returned `train_step(state, batch) -> (state, metrics)` does no I/O and no Python
-branching on traced values; `compile_train_step` lowers it ahead of time so a config that does not
-fit in memory fails at start-up, with the compiled memory analysis in the log.
+`loss_fn(params, batch, rng, context) -> (loss, aux_metrics)`: the SFT diffusion losses and the RL
+policy losses alike. `batch` is split into micro-batches under gradient accumulation; `context`
+(None, or e.g. the frozen reference params of a KL term) is passed whole and gets no gradient.
+The returned `train_step(state, batch, context=None) -> (state, metrics)` does no I/O and no
+Python branching on traced values; `compile_train_step` lowers it ahead of time so a config that
+does not fit in memory fails at start-up, with the compiled memory analysis in the log.
 """
 
 from __future__ import annotations
@@ -23,8 +25,8 @@ from dice_jax.train.train_state import TrainState
 
 log = logging.getLogger(__name__)
 
-# (params in compute dtype, batch, rng) -> (scalar loss, dict of scalar metrics)
-LossFn = Callable[[Any, Any, jax.Array], tuple[jax.Array, dict[str, jax.Array]]]
+# (params in compute dtype, batch, rng, context) -> (scalar loss, dict of scalar metrics)
+LossFn = Callable[[Any, Any, jax.Array, Any], tuple[jax.Array, dict[str, jax.Array]]]
 
 
 def _split_microbatches(batch: Any, num: int) -> Any:
@@ -42,37 +44,38 @@ def _split_microbatches(batch: Any, num: int) -> Any:
 
 def make_train_step(loss_fn: LossFn, tx: optax.GradientTransformation,
                     schedule: optax.Schedule, *, compute_dtype: Any = jnp.bfloat16,
-                    grad_accum_steps: int = 1) -> Callable[[TrainState, Any], tuple[TrainState, dict]]:
-  """Builds `train_step(state, batch) -> (state, metrics)`.
+                    grad_accum_steps: int = 1) -> Callable[..., tuple[TrainState, dict]]:
+  """Builds `train_step(state, batch, context=None) -> (state, metrics)`.
 
   The loss sees a `compute_dtype` copy of the float32 master params; gradients flow back through
   the cast, so grads and optimizer moments stay float32. With `grad_accum_steps > 1` the batch is
   split into equal micro-batches scanned in sequence, and loss, metrics and gradients are their
   means (each micro-batch weighted equally).
   """
-  def compute_loss(params, batch, rng):
-    return loss_fn(cast_floating(params, compute_dtype), batch, rng)
+  def compute_loss(params, batch, rng, context):
+    return loss_fn(cast_floating(params, compute_dtype), batch, rng, context)
 
   grad_fn = jax.value_and_grad(compute_loss, has_aux=True)
 
-  def loss_and_grads(params, batch, rng):
+  def loss_and_grads(params, batch, rng, context):
     if grad_accum_steps == 1:
-      return grad_fn(params, batch, rng)
+      return grad_fn(params, batch, rng, context)
     micro = _split_microbatches(batch, grad_accum_steps)
     rngs = jax.random.split(rng, grad_accum_steps)
 
     def body(acc, xs):
-      (loss, aux), grads = grad_fn(params, *xs)
+      (loss, aux), grads = grad_fn(params, *xs, context)
       return jax.tree.map(jnp.add, acc, ((loss, aux), grads)), None
 
-    shapes = jax.eval_shape(grad_fn, params, jax.tree.map(lambda x: x[0], micro), rngs[0])
+    shapes = jax.eval_shape(grad_fn, params, jax.tree.map(lambda x: x[0], micro), rngs[0], context)
     zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
     total, _ = jax.lax.scan(body, zeros, (micro, rngs))
     return jax.tree.map(lambda x: x / grad_accum_steps, total)
 
-  def train_step(state: TrainState, batch: Any) -> tuple[TrainState, dict[str, jax.Array]]:
+  def train_step(state: TrainState, batch: Any,
+                 context: Any = None) -> tuple[TrainState, dict[str, jax.Array]]:
     rng, step_rng = jax.random.split(state.rng)
-    (loss, aux), grads = loss_and_grads(state.params, batch, step_rng)
+    (loss, aux), grads = loss_and_grads(state.params, batch, step_rng, context)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     metrics = {"loss": loss, "grad_norm": optax.tree.norm(grads),
@@ -95,16 +98,21 @@ def format_memory_analysis(compiled: Any) -> str:
 
 
 def compile_train_step(train_step: Callable, abstract_state: TrainState, abstract_batch: Any,
-                       state_sharding: TrainState, batch_sharding: Any, mesh: Mesh):
+                       state_sharding: TrainState, batch_sharding: Any, mesh: Mesh, *,
+                       abstract_context: Any = None, context_sharding: Any = None):
   """Lowers and compiles `train_step` once, donating the state; logs the memory analysis.
 
   Traced under `jax.set_mesh(mesh)`, so the model's logical activation constraints apply.
-  Returns the compiled executable: call it as `compiled(state, batch)`. Metrics come back
+  Returns the compiled executable: call it as `compiled(state, batch)`, or
+  `compiled(state, batch, context)` when compiled with an `abstract_context`. Metrics come back
   replicated, so reading them on any host needs no gather.
   """
-  jitted = jax.jit(train_step, in_shardings=(state_sharding, batch_sharding),
+  args, shardings = (abstract_state, abstract_batch), (state_sharding, batch_sharding)
+  if abstract_context is not None:
+    args, shardings = args + (abstract_context,), shardings + (context_sharding,)
+  jitted = jax.jit(train_step, in_shardings=shardings,
                    out_shardings=(state_sharding, NamedSharding(mesh, P())), donate_argnums=0)
   with jax.set_mesh(mesh):
-    compiled = jitted.lower(abstract_state, abstract_batch).compile()
+    compiled = jitted.lower(*args).compile()
   log.info("%s", format_memory_analysis(compiled))
   return compiled

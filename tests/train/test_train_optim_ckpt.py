@@ -21,15 +21,18 @@ from dice_jax.train.train_state import (TrainState, abstract_params_of, abstract
 D, K, B = 16, 8, 16
 
 
-def _loss_fn(params, batch, rng):
+def _loss_fn(params, batch, rng, context):
+  del context
   pred = batch["x"] @ params["w"] + params["b"]
   noise = 1e-3 * jax.random.normal(rng, pred.shape, pred.dtype)
   err = (pred + noise).astype(jnp.float32) - batch["y"]
   return jnp.mean(err ** 2), {"abs_err": jnp.mean(jnp.abs(err))}
 
 
-def _setup(mesh, opt_cfg=OptimizerConfig(lr=0.2, warmup_steps=2, schedule="cosine",
-                                         weight_decay=0.1), accum=1, dtype=jnp.float32):
+OPT = OptimizerConfig(lr=0.2, warmup_steps=2, schedule="cosine", weight_decay=0.1)
+
+
+def _setup(mesh, opt_cfg=OPT, accum=1, dtype=jnp.float32):
   w_sharding = NamedSharding(mesh, P("fsdp", "tensor"))
   b_sharding = NamedSharding(mesh, P("tensor"))
   params = {"w": jax.device_put(jax.random.normal(jax.random.PRNGKey(0), (D, K)), w_sharding),
@@ -190,3 +193,30 @@ def test_checkpoint_restores_iterator_position(tmp_path):
     np.testing.assert_array_equal(next(fresh), want)
   with pytest.raises(CheckpointError, match="no checkpoint in"):
     Checkpointer(str(tmp_path / "empty")).restore(state)
+
+
+def test_context_is_passed_whole_and_gets_no_gradient():
+  """A frozen input (e.g. reference params of a KL term) is not split into micro-batches."""
+  def loss_fn(params, batch, rng, context):
+    del rng
+    err = batch["x"] @ params["w"] + params["b"] - batch["y"]
+    penalty = jnp.sum((params["w"] - context["w_ref"]) ** 2)
+    return jnp.mean(err ** 2) + penalty, {"penalty": penalty}
+
+  mesh = _mesh((2, 1, 1))
+  state, _, batch_sharding, abstract = _setup(mesh)
+  tx, schedule = make_optimizer(OPT, total_steps=20)
+  tx_state_shardings = jax.tree.map(lambda x: x.sharding, state)
+  step = make_train_step(loss_fn, tx, schedule, compute_dtype=jnp.float32, grad_accum_steps=2)
+  context = {"w_ref": jnp.ones((D, K))}
+  batch = jax.device_put(next(_batches(1)), batch_sharding)
+  replicated = NamedSharding(mesh, P())
+  compiled = compile_train_step(step, abstract, jax.eval_shape(lambda: batch), tx_state_shardings,
+                                batch_sharding, mesh, abstract_context=jax.eval_shape(lambda: context),
+                                context_sharding={"w_ref": replicated})
+  params = jax.tree.map(np.asarray, state.params)
+  want = loss_fn(params, jax.tree.map(np.asarray, batch), None, context)[0]
+  _, metrics = compiled(state, batch, context)
+  np.testing.assert_allclose(float(metrics["loss"]), float(want), rtol=1e-5)
+  np.testing.assert_allclose(float(metrics["penalty"]), float(jnp.sum((params["w"] - 1) ** 2)),
+                             rtol=1e-6)
