@@ -115,3 +115,22 @@ def test_bad_arguments_and_mismatched_states(tiny, dice_phase2):
                          R.ProblemStream(dice_phase2, phase=2, seed=1))
   with pytest.raises(ValueError, match="lacks a phase-2 stream but this run does"):
     both.set_state(only1.get_state())
+
+
+def test_stream_position_survives_an_orbax_checkpoint(tiny, dice_phase2, tmp_path):
+  """The trainer's checkpointer stores the stream state as JSON and moves a new stream there."""
+  import jax.numpy as jnp
+  from dice_jax.checkpoints import Checkpointer
+
+  def make():
+    return R.BiPhaseStream(R.ProblemStream(tiny, phase=1, seed=1),
+                           R.ProblemStream(dice_phase2, phase=2, seed=2))
+  stream = make()
+  stream.next_batch(4, 3)
+  checkpointer = Checkpointer(str(tmp_path / "ckpt"), every_steps=1, async_save=False)
+  assert checkpointer.save(1, {"w": jnp.zeros(2)}, data_iterator=stream)
+  expected = [stream.next_batch(2, 2), stream.next_batch(0, 5)]
+  resumed = make()
+  checkpointer.restore({"w": jnp.zeros(2)}, data_iterator=resumed)
+  checkpointer.close()
+  assert [resumed.next_batch(2, 2), resumed.next_batch(0, 5)] == expected
