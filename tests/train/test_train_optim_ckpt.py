@@ -134,11 +134,11 @@ def test_sharded_step_matches_one_device():
 
 
 def test_grad_accumulation_matches_full_batch():
-  # Mean of equal micro-batch means == full-batch mean for this loss; noise uses other keys,
-  # so compare with noise-free losses via a tolerance well above the 1e-3 noise.
+  # Mean of equal micro-batch means == full-batch mean for this loss; only the 1e-3 output noise
+  # differs (other RNG keys per micro-batch): observed relative differences ~1e-4.
   _, full = _run(_mesh((2, 1, 1)))
   _, accum = _run(_mesh((2, 1, 1)), accum=2)
-  np.testing.assert_allclose(accum, full, rtol=5e-2)
+  np.testing.assert_allclose(accum, full, rtol=1e-3)
 
 
 def test_memory_analysis_is_logged():
