@@ -115,13 +115,13 @@ class _Lane:
         if code in _FATAL_CODES:
           self.disabled = self.last_error
           _log.error("verifier lane %s stopped: %s", self.name, self.disabled)
-          self.client.note_failure(self.disabled)
+          self.client._note_failure(self.disabled)
           return
       else:
         self.last_error = f"{self.target.address}: not reachable within {cfg.connect_timeout_s:g}s"
       _log.warning("verifier lane %s: %s", self.name, self.last_error)
       self.failures += 1
-      self.client.note_failure(self.last_error)
+      self.client._note_failure(self.last_error)
       await asyncio.sleep(cfg.backoff_s(self.failures))
 
   async def _stream(self) -> grpc.StatusCode | None:
@@ -163,12 +163,12 @@ class _Lane:
       await slots.acquire()
       if (pause := self.paused_until - loop.time()) > 0:  # requests timed out here: let it recover
         await asyncio.sleep(pause)
-      job = await self.client.queue.get()
+      job = await self.client._queue.get()
       if job.future.done():  # answered meanwhile (a re-send raced the first answer)
         slots.release()
         continue
-      if self.client.better_lane_exists(job, self):  # failed here before: leave it to another target
-        self.client.queue.put_nowait(job)
+      if self.client._better_lane_exists(job, self):  # failed here before: leave it to another target
+        self.client._queue.put_nowait(job)
         slots.release()
         await asyncio.sleep(min(cfg.backoff_initial_s, 0.05))
         continue
@@ -189,7 +189,7 @@ class _Lane:
       if entry is not None:
         entry[1].cancel()
         slots.release()
-      self.client.on_verdict(verdict, self.target.address)
+      self.client._on_verdict(verdict, self.target.address)
 
   def _expire(self, job: _Job, slots: asyncio.Semaphore) -> None:
     if self.in_flight.pop(job.request.request_id, None) is None:
@@ -198,13 +198,13 @@ class _Lane:
     cfg = self.client.config
     self.failures += 1
     self.paused_until = asyncio.get_running_loop().time() + cfg.backoff_s(self.failures)
-    self.client.retry(job, f"{self.target.address}: no verdict within {cfg.request_timeout_s:g}s",
+    self.client._retry(job, f"{self.target.address}: no verdict within {cfg.request_timeout_s:g}s",
                       failed_on=self.target.address)
 
   def _requeue_all(self, reason: str) -> None:
     for job, timer in self.in_flight.values():
       timer.cancel()
-      self.client.retry(job, reason, failed_on=self.target.address)
+      self.client._retry(job, reason, failed_on=self.target.address)
     self.in_flight.clear()
 
 
@@ -218,7 +218,7 @@ class AsyncVerifierClient:
     self.options = options or VerifyOptions()
     self.metadata = channels.auth_metadata(config, auth_token)
     self._targets = [channels.Target(address, config) for address in config.targets]
-    self.queue: asyncio.Queue[_Job] = asyncio.Queue()  # jobs waiting for a lane
+    self._queue: asyncio.Queue[_Job] = asyncio.Queue()  # jobs waiting for a lane
     self._pending: dict[str, _Job] = {}            # cache key -> job being verified
     self._by_id: dict[str, _Job] = {}              # request id -> job being verified
     self._cache: collections.OrderedDict[str, Verdict] = collections.OrderedDict()
@@ -296,18 +296,18 @@ class AsyncVerifierClient:
       self._finish(job, infra_verdict(job.request.request_id, "verifier client closed"))
     await asyncio.gather(*(t.close() for t in self._targets))
 
-  # -- called by lanes ------------------------------------------------------------------------
+  # -- called by the lanes (same module) ------------------------------------------------------
 
-  def on_verdict(self, verdict: Verdict, target: str) -> None:
+  def _on_verdict(self, verdict: Verdict, target: str) -> None:
     job = self._by_id.get(verdict.request_id)
     if job is None or job.future.done():
       return  # a late answer to a request that was already settled
     if verdict.outcome == pb.INFRA_ERROR:
-      self.retry(job, f"verifier INFRA_ERROR: {verdict.message}", verdict, failed_on=target)
+      self._retry(job, f"verifier INFRA_ERROR: {verdict.message}", verdict, failed_on=target)
     else:
       self._finish(job, verdict)
 
-  def retry(self, job: _Job, reason: str, verdict: Verdict | None = None,
+  def _retry(self, job: _Job, reason: str, verdict: Verdict | None = None,
             failed_on: str | None = None) -> None:
     """Re-queues `job` after a backoff, or settles it as INFRA_ERROR once its sends are used up."""
     if job.future.done():
@@ -327,16 +327,16 @@ class AsyncVerifierClient:
       return
     self.stats["retries"] += 1
     delay = self.config.backoff_s(job.attempts)
-    asyncio.get_running_loop().call_later(delay, self.queue.put_nowait, job)
+    asyncio.get_running_loop().call_later(delay, self._queue.put_nowait, job)
 
-  def better_lane_exists(self, job: _Job, lane: _Lane) -> bool:
+  def _better_lane_exists(self, job: _Job, lane: _Lane) -> bool:
     """Whether `job` failed on `lane`'s target while a connected lane to another target has not."""
     if lane.target.address not in job.failed_on:
       return False
     return any(other.connected and other.disabled is None and other.target.address not in job.failed_on
                for other in self._lanes)
 
-  def note_failure(self, reason: str) -> None:
+  def _note_failure(self, reason: str) -> None:
     """A lane could not connect or its stream broke."""
     self._unreachable_reason = reason
     self.stats["lane_failures"] += 1
@@ -359,7 +359,7 @@ class AsyncVerifierClient:
     job = _Job(key=key, request=request, future=asyncio.get_running_loop().create_future())
     self._pending[key] = job
     self._by_id[request_id] = job
-    self.queue.put_nowait(job)
+    self._queue.put_nowait(job)
     return job
 
   def _finish(self, job: _Job, verdict: Verdict) -> None:
