@@ -97,9 +97,11 @@ def _is_loopback(target: str) -> bool:
 def _credentials(config: ClientConfig) -> grpc.ChannelCredentials | None:
   if not config.tls:
     return None
-  root = _read(config.tls_root_certs_file, "TLS root certificates") if config.tls_root_certs_file else None
-  key = _read(config.tls_client_key_file, "TLS client key") if config.tls_client_key_file else None
-  chain = _read(config.tls_client_cert_file, "TLS client certificate") if config.tls_client_cert_file else None
+  def read(path: str | None, what: str) -> bytes | None:
+    return _read(path, what) if path else None
+  root = read(config.tls_root_certs_file, "TLS root certificates")
+  key = read(config.tls_client_key_file, "TLS client key")
+  chain = read(config.tls_client_cert_file, "TLS client certificate")
   return grpc.ssl_channel_credentials(root_certificates=root, private_key=key, certificate_chain=chain)
 
 

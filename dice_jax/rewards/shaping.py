@@ -135,8 +135,9 @@ class RewardShaper:
       raise ValueError(f"reward component names must be unique; repeated: {duplicates}")
     self.components, self.hack, self.exclude, self.eps = tuple(components), hack, frozenset(exclude), eps
 
-  def __call__(self, prompts: Sequence[Any], completions: Sequence[str], verdicts: Sequence[pb.Verdict],
-               *, group_ids: Sequence[Hashable] | None = None, **item_columns: Sequence[Any]) -> RewardResult:
+  def __call__(self, prompts: Sequence[Any], completions: Sequence[str],
+               verdicts: Sequence[pb.Verdict], *, group_ids: Sequence[Hashable] | None = None,
+               **item_columns: Sequence[Any]) -> RewardResult:
     n = len(completions)
     for name, column in [("prompts", prompts), ("verdicts", verdicts), *item_columns.items()]:
       if len(column) != n:

@@ -54,7 +54,8 @@ def test_cache_and_deduplication_keep_repeats_off_the_wire():
     return first, second, concurrent, other_options, client.stats_snapshot()
   first, second, concurrent, other_options, stats = run(with_servers([fake], body))
   assert len(fake.seen) == 5 + 3 + 1  # options are part of the key
-  assert [v.request_id for v in first[:5]] == [v.request_id for v in first[5:]] == [v.request_id for v in second]
+  ids = [v.request_id for v in first]
+  assert ids[:5] == ids[5:] == [v.request_id for v in second]
   assert [v.request_id for v in concurrent[0]] == [v.request_id for v in concurrent[1]]
   assert stats["cache_hits"] == 5 and stats["deduplicated"] == 5 + 3 and stats["sent"] == 9
   assert other_options[0].outcome == pb.OK

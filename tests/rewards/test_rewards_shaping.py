@@ -116,17 +116,18 @@ def test_hack_flags_zero_or_penalise_the_total():
 
 
 def test_dice_binary_preset_is_compiles_and_correct():
-  verdicts = [ok(3.0), verdict(pb.INCORRECT, compiled=True), verdict(pb.COMPILE_ERROR, pb.STAGE_COMPILE),
-              verdict(pb.RUNTIME_ERROR, pb.STAGE_LOAD, compiled=True), verdict(pb.TIMEOUT, pb.STAGE_CORRECTNESS),
-              verdict(pb.REJECTED, pb.STAGE_PARSE)]
+  verdicts = [ok(3.0), verdict(pb.INCORRECT, compiled=True),
+              verdict(pb.COMPILE_ERROR, pb.STAGE_COMPILE),
+              verdict(pb.RUNTIME_ERROR, pb.STAGE_LOAD, compiled=True),
+              verdict(pb.TIMEOUT, pb.STAGE_CORRECTNESS), verdict(pb.REJECTED, pb.STAGE_PARSE)]
   result = shaper_call(D.preset("dice_binary"), verdicts)
   np.testing.assert_allclose(result.total, [1, 0, 0, 0, 0, 0])  # no speedup term
   assert list(result.components) == ["correct"]
 
 
 def test_compile_only_preset_credits_no_gpu():
-  verdicts = [verdict(pb.NO_GPU, pb.STAGE_COMPILE, compiled=True), verdict(pb.COMPILE_ERROR, pb.STAGE_COMPILE),
-              verdict(pb.INFRA_ERROR)]
+  verdicts = [verdict(pb.NO_GPU, pb.STAGE_LOAD, compiled=True),
+              verdict(pb.COMPILE_ERROR, pb.STAGE_COMPILE), verdict(pb.INFRA_ERROR)]
   completions = [MIDDLE, MIDDLE, MIDDLE]
   result = shaper_call(D.preset("compile_only"), verdicts, completions, phase=[1, 1, 1])
   np.testing.assert_allclose(result.total, [0.2 + 1.0, 0.2, 0])

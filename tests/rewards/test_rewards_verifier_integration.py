@@ -97,8 +97,9 @@ def test_static_rejections_and_format_failures(verifier, relu):
             "Sorry, I cannot write this kernel."]   # no code: a local format verdict
   torch_only = "```python\nimport torch\nclass ModelNew(torch.nn.Module):\n" \
                "    def forward(self, x):\n        return torch.relu(x)\n```"
-  verdicts = candidates.submit_completions(client, phase1, **_columns(relu, 1, 2)).result(timeout=300)
-  verdicts += candidates.submit_completions(client, [torch_only], **_columns(relu, 2, 1)).result(timeout=300)
+  submit = candidates.submit_completions
+  verdicts = submit(client, phase1, **_columns(relu, 1, 2)).result(timeout=300)
+  verdicts += submit(client, [torch_only], **_columns(relu, 2, 1)).result(timeout=300)
   outcomes = [pb.Outcome.Name(v.outcome) for v in verdicts]
   assert outcomes == ["REJECTED", "REJECTED", "REJECTED"], [v.message for v in verdicts]
   assert verdicts[0].stage == pb.STAGE_STATIC_CHECK and verdicts[0].request_id  # from the server
