@@ -83,7 +83,7 @@ def generate_bidirectional(graphdef: nnx.GraphDef, state: nnx.State, prompt_BxP:
     src_Bxb = jnp.maximum(idx_Bxb - 1, 0) if decoder.config.logits_shift else idx_Bxb
     h_BxbxD = jnp.take_along_axis(x_BxLxD, src_Bxb[..., None], axis=1)
     tokens_Bxb, logp_Bxb, conf_Bxb = policy.sample_tokens(decoder.head(h_BxbxD), jax.random.fold_in(rng, st.step),
-                                                          cfg)
+                                                          cfg, s.mask_id)
     commit = policy.select_commits(conf_Bxb, masked_Bxb, st.block_step, s.steps_per_block, cfg)
     blk = jnp.where(commit, tokens_Bxb, st.canvas_BxL[rows_Bx1, idx_Bxb])
     logps = jnp.where(commit, logp_Bxb, st.logprob_BxL[rows_Bx1, idx_Bxb])

@@ -174,7 +174,7 @@ class BlockSampler:
     def denoise(small: LoopState) -> LoopState:
       h = hidden if cfg.kv_cache else self._hidden_full(layout, small.canvas_BxS, start)
       tokens_Bxb, logp_Bxb, conf_Bxb = policy.sample_tokens(
-          self.decoder.head(h), jax.random.fold_in(rng, small.step), cfg)
+          self.decoder.head(h), jax.random.fold_in(rng, small.step), cfg, s.mask_id)
       commit = policy.select_commits(conf_Bxb, masked_Bxb, small.block_step, s.steps_per_block, cfg)
       blk = _slice_block(small.canvas_BxS, start, b)
       blk = jnp.where(commit, tokens_Bxb, blk)

@@ -43,13 +43,16 @@ class Decoder:
     cfg: ModelConfig = model.config
     self.config = cfg
     self._layer_graphdef, self._stacked = nnx.split(model.layers)
-    self._embed_VxD = model.embed[...]
+    # As the model does: gather the fsdp-split embedding dim so the lookup partitions cleanly (rows stay
+    # split over 'tensor'). Done once per rollout, not per step; cast once (the model casts after the
+    # lookup, which is the same numbers).
+    self._embed_VxD = sharding.constrain(model.embed[...], ("vocab", None)).astype(cfg.compute_dtype)
     self._final_norm = model.final_norm
     self._head_DxV = (model.embed[...].T if cfg.tie_word_embeddings else model.lm_head[...]).astype(cfg.compute_dtype)
     self._per_layer: list[nnx.State] | None = None
 
   def embed(self, tokens_BxL: jax.Array) -> jax.Array:
-    x = jnp.take(self._embed_VxD, tokens_BxL, axis=0).astype(self.config.compute_dtype)
+    x = jnp.take(self._embed_VxD, tokens_BxL, axis=0)
     return sharding.constrain(x, _ACT)
 
   def head(self, x_BxLxD: jax.Array) -> jax.Array:

@@ -4,7 +4,8 @@ Log-probability of a committed token (what TraceRL must recompute for an on-poli
     log_softmax(logits_f32 / temperature)[token]
 with `logits_f32` the model's float32 logits at that position given the partially masked state the
 step decoded from, *before* top-k/top-p truncation (truncation only restricts which tokens can be
-drawn). Recomputing this needs no knowledge of top-k/top-p; the trainer applies the same formula.
+drawn, and the mask token is never drawn). Recomputing it needs no knowledge of top-k/top-p; the
+trainer applies the same formula.
 """
 
 from __future__ import annotations
@@ -27,18 +28,19 @@ def _top_p_filter(scaled_NxV: jax.Array, top_p: float) -> jax.Array:
   return jnp.where(scaled_NxV >= cutoff_Nx1, scaled_NxV, -jnp.inf)
 
 
-def sample_tokens(logits_BxQxV: jax.Array, key: jax.Array, config: SamplerConfig
+def sample_tokens(logits_BxQxV: jax.Array, key: jax.Array, config: SamplerConfig, mask_id: int
                   ) -> tuple[jax.Array, jax.Array, jax.Array]:
   """(tokens BxQ, log-probs BxQ, confidence BxQ) for every position of the block."""
   scaled_BxQxV = logits_BxQxV.astype(jnp.float32) / config.temperature
   logp_BxQxV = jax.nn.log_softmax(scaled_BxQxV, axis=-1)
+  # The mask token is not text: never draw it (a trained model gives it ~no mass anyway).
+  filtered = jnp.where(jnp.arange(scaled_BxQxV.shape[-1]) == mask_id, -jnp.inf, scaled_BxQxV)
   if config.greedy:
-    tokens_BxQ = jnp.argmax(scaled_BxQxV, axis=-1)
+    tokens_BxQ = jnp.argmax(filtered, axis=-1)
   else:
-    filtered = scaled_BxQxV
     if config.top_k > 1:
-      kth_BxQx1 = jax.lax.top_k(scaled_BxQxV, config.top_k)[0][..., -1:]
-      filtered = jnp.where(scaled_BxQxV >= kth_BxQx1, scaled_BxQxV, -jnp.inf)
+      kth_BxQx1 = jax.lax.top_k(filtered, config.top_k)[0][..., -1:]
+      filtered = jnp.where(filtered >= kth_BxQx1, filtered, -jnp.inf)
     if config.top_p < 1.0:
       b, q, v = filtered.shape
       filtered = _top_p_filter(filtered.reshape(b * q, v), config.top_p).reshape(b, q, v)
