@@ -52,11 +52,17 @@ def max_abs_error(verdict: pb.Verdict) -> float | None:
   return max(errors) if errors else None
 
 
+def compiled(verdict: pb.Verdict) -> bool:
+  """Whether the candidate compiled (the reward's rule; never for FORMAT or COMPILE_ERROR)."""
+  return (verdict.outcome != pb.COMPILE_ERROR and not is_format_verdict(verdict)
+          and defaults.compiled(verdict))
+
+
 def score(verdict: pb.Verdict) -> SampleScore:
   label = outcome_label(verdict)
   correct = label == "OK"
-  return SampleScore(outcome=label, compiled=label != FORMAT and defaults.compiled(verdict),
-                     correct=correct, speedup=speedup(verdict) if correct else None)
+  return SampleScore(outcome=label, compiled=compiled(verdict), correct=correct,
+                     speedup=speedup(verdict) if correct else None)
 
 
 def compact(verdict: pb.Verdict) -> dict[str, Any]:
@@ -65,7 +71,7 @@ def compact(verdict: pb.Verdict) -> dict[str, Any]:
   return {
       "outcome": label,
       "stage": pb.Stage.Name(verdict.stage).removeprefix("STAGE_"),
-      "compiled": label != FORMAT and defaults.compiled(verdict),
+      "compiled": compiled(verdict),
       "correct": label == "OK",
       "speedup": speedup(verdict),
       "max_abs_error": max_abs_error(verdict),
