@@ -21,7 +21,7 @@ from dice_jax.eval import report
 from dice_jax.eval.local_verifier import LocalVerifierError
 from dice_jax.generation import arch as arch_lib
 from dice_jax.generation.completion import DecodeSettings
-from dice_jax.generation.generator import DESCRIPTION, GenerationResult, KernelGenerator
+from dice_jax.generation.generator import DESCRIPTION, GenerationResult, KernelGenerator, read_reference
 from dice_jax.generation.ranking import Candidate
 
 EXIT_OK, EXIT_NONE, EXIT_USAGE, EXIT_UNVERIFIED, EXIT_VERIFIER = 0, 1, 2, 3, 4
@@ -66,6 +66,7 @@ def result_json(result: GenerationResult) -> dict[str, Any]:
 def generate(args: argparse.Namespace, injected: list[str]) -> int:
   progress_console, console = Console(stderr=True), report.stdout_console()
   try:
+    reference = read_reference(args.reference) if args.reference is not None else None
     template = prompts.PromptTemplate.from_yaml(args.template) if args.template else None
     decode = DecodeSettings(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                             top_p=args.top_p)
@@ -91,7 +92,7 @@ def generate(args: argparse.Namespace, injected: list[str]) -> int:
                   TimeElapsedColumn(), console=progress_console) as progress:
       task = progress.add_task(f"sampling {args.samples} candidate(s)", total=total)
       result = gen.generate(
-          args.reference, description=args.description, num_samples=args.samples,
+          reference, description=args.description, num_samples=args.samples,
           extra_candidates=injected, seed=args.seed,
           on_sampled=lambda: progress.update(task, description="verifying"),
           on_verdict=lambda c: progress.update(task, advance=1,
