@@ -15,7 +15,6 @@ from typing import Any
 
 from rich.table import Table
 
-from dice_jax.eval import plots
 from dice_jax.eval import report
 
 METRICS = (("compile_rate", "compiled", report.pct), ("correct_rate", "correct", report.pct),
@@ -116,4 +115,5 @@ def markdown(result: Mapping[str, Any]) -> str:
 def write_outputs(out: pathlib.Path, result: Mapping[str, Any]) -> None:
   report.write_json(out / "compare.json", dict(result))
   (out / "compare.md").write_text(markdown(result), encoding="utf-8")
+  from dice_jax.eval import plots  # pylint: disable=import-outside-toplevel  (matplotlib: optional)
   plots.fast_p_curves(result["curves"], out / "compare_fast_p.png", title="fast_p: A vs B")

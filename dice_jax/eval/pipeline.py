@@ -26,7 +26,6 @@ from dice.verifier.v1 import verifier_pb2 as pb
 from dice_jax.data import prompts
 from dice_jax.data.problems import Problem
 from dice_jax.eval import generations as gen_lib
-from dice_jax.eval import plots
 from dice_jax.eval import report
 from dice_jax.eval import runner
 from dice_jax.eval.connect import Connection
@@ -55,19 +54,18 @@ class ModelSource:
                           dataclasses.asdict(self.end_to_end_template)]}
 
 
-def check_settings(folder: pathlib.Path, settings: dict[str, Any]) -> None:
-  """Pins generation settings to OUT/generations; refuses a rerun that changed them."""
+def check_settings(folder: pathlib.Path, settings: dict[str, Any]) -> bool:
+  """Whether OUT/generations is pinned to `settings` already; ValueError if to other settings."""
   path = folder / SETTINGS_FILE
-  if path.exists():
-    old = json.loads(path.read_text(encoding="utf-8"))
-    if old != settings:
-      changed = sorted(k for k in set(old) | set(settings) if old.get(k) != settings.get(k))
-      raise ValueError(f"{folder} holds generations made with other settings (changed: "
-                       f"{', '.join(changed)}); use a new --out directory, or delete {folder} to "
-                       "regenerate")
-    return
-  folder.mkdir(parents=True, exist_ok=True)
-  report.write_json(path, settings)
+  if not path.exists():
+    return False
+  old = json.loads(path.read_text(encoding="utf-8"))
+  if old != settings:
+    changed = sorted(k for k in set(old) | set(settings) if old.get(k) != settings.get(k))
+    raise ValueError(f"{folder} holds generations made with other settings (changed: "
+                     f"{', '.join(changed)}); use a new --out directory, or delete {folder} to "
+                     "regenerate")
+  return True
 
 
 def missing_samples(folder: pathlib.Path, problems: Sequence[Problem], samples: int
@@ -84,7 +82,8 @@ def generate_missing(folder: pathlib.Path, problems: Sequence[Problem], source: 
                      on_batch: Callable[[int, int], None] | None = None) -> int:
   """Writes the missing raw completions; returns how many were generated."""
   from dice_jax.generation.completion import CompletionModel  # pylint: disable=import-outside-toplevel
-  check_settings(folder, source.settings(mode))
+  settings = source.settings(mode)
+  pinned = check_settings(folder, settings)
   todo = missing_samples(folder, problems, source.samples)
   if not todo:
     return 0
@@ -97,6 +96,8 @@ def generate_missing(folder: pathlib.Path, problems: Sequence[Problem], source: 
                                         end_to_end=source.end_to_end_template)
       encoded[p.id] = model.encode(messages)
   model.check_fits(list(encoded.values()), source.decode, list(encoded))
+  if not pinned:  # pinned once generation can start, so a refused first attempt pins nothing
+    report.write_json(folder / SETTINGS_FILE, settings)
   done = 0
 
   def save(rows: list[int], texts: list[str]) -> None:
@@ -141,7 +142,10 @@ def run_eval(out: pathlib.Path, problems: Sequence[Problem], gens: dict, connect
               date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
               options=json.loads(json.dumps(_options_dict(options))))
   summary = report.write_outputs(out, results, info)
-  paths = plots.write_plots(out, summary, [r.scores() for r in results]) if make_plots else []
+  paths = []
+  if make_plots:
+    from dice_jax.eval import plots  # pylint: disable=import-outside-toplevel  (matplotlib: optional)
+    paths = plots.write_plots(out, summary, [r.scores() for r in results])
   return Outcome(summary=summary, sent=len(the_plan.pending), from_store=the_plan.stored,
                  infra=len(infra), plots=paths)
 

@@ -128,6 +128,9 @@ def test_model_generations_are_saved_reused_and_pinned(tmp_path, tiny_model_dir,
   argv = ["--model", tiny_model_dir, "--problems", "bundled:tiny", "--limit", 2, "--samples", 2,
           "--max-new-tokens", 16, "--batch-size", 4, "--template-infilling", template,
           "--verifier", verifier_target, "--out", out, "--no-plots"]
+  assert run_cli("eval", *argv, "--max-new-tokens", 9000) == 2  # argparse: the last value wins
+  assert "do not fit the model's context of 8192 tokens" in " ".join(capsys.readouterr().err.split())
+  assert not (out / "generations" / "settings.json").exists()  # a refused run pins nothing
   assert run_cli("eval", *argv) == 0
   captured = capsys.readouterr()
   assert "generated 4 sample(s)" in captured.err
