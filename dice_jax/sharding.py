@@ -104,14 +104,20 @@ def _is_variable(x) -> bool:
   return isinstance(x, nnx.Variable)
 
 
-def state_shardings(abstract_state, mesh: Mesh):
-  """NamedSharding for every parameter of an (abstract) nnx.State, from its logical axis names."""
+def state_shardings(tree, mesh: Mesh):
+  """NamedShardings for a pytree of (abstract) nnx Variables, e.g. model or optimizer state.
+
+  Variables are sharded by their logical axis names (optimizer moments keep their parameter's
+  names); any other leaf (a step count, say) is replicated.
+  """
 
   def one(v):
+    if not isinstance(v, nnx.Variable):
+      return NamedSharding(mesh, PartitionSpec())
     axes = v.get_metadata().get("out_sharding") or (None,) * len(v.shape)
     return v.replace(NamedSharding(mesh, logical_to_spec(axes, v.shape, mesh)))
 
-  return jax.tree.map(one, abstract_state, is_leaf=_is_variable)
+  return jax.tree.map(one, tree, is_leaf=_is_variable)
 
 
 def batch_sharding(mesh: Mesh, ndim: int = 2) -> NamedSharding:

@@ -16,6 +16,11 @@ Kernels (`attend`), per mask kind:
 - two_copy: two cuDNN calls: clean queries over clean keys (block-causal, L/2 x L/2) and noisy
   queries over [noisy | clean] keys (L/2 x L), i.e. 3/4 of the dense 2-copy attention cost.
 - explicit: cuDNN flash with the boolean mask as a [B,1,Q,K] bias.
+- multi_copy ([clean L | C copies of n]): clean queries over clean keys (block-causal, L x L), then
+  all copies at once with the copies folded into the batch: each copy's n queries over [clean |
+  own copy] keys (n x (L + n)); clean keys/values are repeated per copy. Scores per head:
+  L^2 + C n (L + n) instead of the dense (L + C n)^2 (L = 6k, n = 4k, C = 4: 2.0e8 vs 4.8e8),
+  and the masks are [B,1,L,L] and [B,1,n,L+n], never [B,Q,K].
 On CPU and TPU every kind takes XLA's dot_product_attention (scores materialised; fine for tests
 and small shapes; no Pallas splash kernel yet). On GPU, XLA attention measured ~2x slower than
 cuDNN (../shared/device/README.md), so `attention_impl="auto"` never takes it silently: it logs a
@@ -91,7 +96,32 @@ def attend(q_BxQxHxK: jax.Array, k_BxSxGxK: jax.Array, v_BxSxGxK: jax.Array, mas
     out_noisy = dpa(q_BxQxHxK[:, :n], k_BxSxGxK, v_BxSxGxK, mask=noisy_mask)
     out_clean = dpa(q_BxQxHxK[:, n:], k_BxSxGxK[:, n:], v_BxSxGxK[:, n:], mask=clean_mask)
     return jnp.concatenate([out_noisy, out_clean], axis=1)
+  if mask.kind == "multi_copy":
+    return _attend_multi_copy(q_BxQxHxK, k_BxSxGxK, v_BxSxGxK, mask, dpa)
   return dpa(q_BxQxHxK, k_BxSxGxK, v_BxSxGxK, mask=masks.dense(mask, q_len, k_len)[:, None])
+
+
+def _attend_multi_copy(q_BxQxHxK, k_BxSxGxK, v_BxSxGxK, mask: masks.AttentionMask, dpa) -> jax.Array:
+  """The multi_copy kind without materialising its (C+1)L x (C+1)L mask (see the module docstring)."""
+  batch, q_len, heads, dim = q_BxQxHxK.shape
+  c, n = mask.copies, mask.copy_length
+  clean_len = q_len - c * n
+  if q_len != k_BxSxGxK.shape[1] or clean_len < n:
+    raise ValueError(f"multi_copy attention needs equal query/key lengths holding a clean part of at least "
+                     f"{n} plus {c} x {n} copies, got {q_len}/{k_BxSxGxK.shape[1]}")
+  clean_mask, copy_mask = masks.multi_copy_parts(mask, clean_len)
+  out_clean = dpa(q_BxQxHxK[:, :clean_len], k_BxSxGxK[:, :clean_len], v_BxSxGxK[:, :clean_len],
+                  mask=clean_mask[:, None])
+
+  def per_copy(x):  # [B, C*n, ...] -> [B*C, n, ...]: row b, copy j -> b*C + j
+    return x[:, clean_len:].reshape(batch * c, n, *x.shape[2:])
+
+  def with_context(x):  # [B*C, L + n, ...]: the row's clean keys before each copy's own
+    return jnp.concatenate([jnp.repeat(x[:, :clean_len], c, axis=0), per_copy(x)], axis=1)
+
+  copy_mask = jnp.repeat(copy_mask, c, axis=0) if copy_mask.shape[0] > 1 else copy_mask
+  out_copies = dpa(per_copy(q_BxQxHxK), with_context(k_BxSxGxK), with_context(v_BxSxGxK), mask=copy_mask[:, None])
+  return jnp.concatenate([out_clean, out_copies.reshape(batch, c * n, heads, dim)], axis=1)
 
 
 class Attention(nnx.Module):

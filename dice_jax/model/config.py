@@ -31,7 +31,7 @@ import jax.numpy as jnp
 _DEFAULT_ATTENTION = {"sdar": "block_causal", "qwen3": "causal", "qwen2": "causal", "dream": "bidirectional",
                       "llama": "causal", "llada": "bidirectional"}
 SUPPORTED_MODEL_TYPES = ("sdar", "qwen3", "qwen2", "Dream", "llama", "llada")
-REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch", "minimal")
+REMAT_POLICIES = ("none", "minimal", "dots", "dots_no_batch", "full")
 ATTENTION_IMPLS = ("auto", "cudnn", "xla")
 
 

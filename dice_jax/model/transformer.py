@@ -3,14 +3,18 @@
 Run it as a pure function: split once outside jit, then jit over (graphdef, state):
 
     graphdef, state = nnx.split(model)
-    logits_BxLxV = jax.jit(forward, static_argnums=0)(graphdef, state, tokens_BxL)   # or inside a step
+    logits_BxLxV = jax.jit(forward)(graphdef, state, tokens_BxL, masks.block_causal(4))
 
+Inside a jitted step, `forward(graphdef, state, tokens_BxL, "two_copy")` with a constant kind name is
+fine; as a *jit argument* pass an AttentionMask (a pytree whose kind is static) instead of a string.
 `model(tokens_BxL, attention="block_causal")` is the same computation called eagerly.
 Parameters are stacked over layers ([num_layers, ...]) whether or not `scan_layers` is on, so a
 checkpoint, the sharding rules and the optimizer state look the same either way.
 """
 
 from __future__ import annotations
+
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -20,19 +24,22 @@ from jax.sharding import Mesh
 from dice_jax import sharding
 from dice_jax.model import masks
 from dice_jax.model.attention import Attention
-from dice_jax.model.config import ModelConfig
+from dice_jax.model.config import REMAT_POLICIES, ModelConfig
 from dice_jax.model.layers import DENSE_INIT, MLP, RMSNorm, make_param
 
 _cp = jax.checkpoint_policies
 # Remat policy names (ModelConfig.remat) -> what the backward pass may keep instead of recomputing.
-REMAT_POLICIES = {
+# cuDNN attention is a custom call, not a dot: every policy but "none" re-runs its forward pass
+# (its softmax statistics are not saved), "minimal" included.
+REMAT_POLICY_FNS = {
     "none": None,  # no rematerialisation: keep everything (fastest, most memory)
-    "minimal": _cp.save_only_these_names(  # keep matmul and attention outputs, recompute norms/RoPE/SwiGLU
+    "minimal": _cp.save_only_these_names(  # keep projection/attention/MLP outputs; recompute norms, RoPE, SwiGLU
         "query", "key", "value", "attn_out", "attn_proj", "mlp_gate", "mlp_up", "mlp_out"),
-    "dots": _cp.dots_saveable,  # keep every matmul output (the attention kernel is recomputed)
+    "dots": _cp.dots_saveable,  # keep every matmul output
     "dots_no_batch": _cp.dots_with_no_batch_dims_saveable,  # keep almost nothing in a layer
     "full": _cp.nothing_saveable,  # keep only each layer's input
 }
+assert tuple(REMAT_POLICY_FNS) == REMAT_POLICIES, "config.REMAT_POLICIES and REMAT_POLICY_FNS disagree"
 
 KVCache = tuple[jax.Array, jax.Array]  # (k, v), each [num_layers, B, S, G, K], rotated
 
@@ -69,7 +76,8 @@ class Transformer(nnx.Module):
   def __call__(self, tokens_BxL: jax.Array, attention: str | masks.AttentionMask | None = None, *,
                positions_BxL: jax.Array | None = None, logits_slice: tuple[int, int] | None = None,
                kv_prefix: KVCache | None = None, return_kv: bool = False):
-    """Logits BxLxV (float32) at every position, or at positions [logits_slice[0], logits_slice[1]).
+    """Logits BxLxV (float32) at every position, or at positions [logits_slice[0], logits_slice[1])
+    (static ints: e.g. (0, L) keeps only the noisy half of a two-copy pass).
 
     attention: a kind name ("block_causal", "bidirectional", "causal", "two_copy") or an
       AttentionMask; default: the architecture's (config.attention).
@@ -109,9 +117,8 @@ class Transformer(nnx.Module):
       x, kv = nnx.merge(graphdef, params)(x, positions_BxL, mask, prefix)
       return x, (kv if return_kv else None)
 
-    policy = REMAT_POLICIES[cfg.remat]
     if cfg.remat != "none":
-      body = jax.checkpoint(body, policy=policy, prevent_cse=not cfg.scan_layers)
+      body = jax.checkpoint(body, policy=REMAT_POLICY_FNS[cfg.remat], prevent_cse=not cfg.scan_layers)
     if cfg.scan_layers:
       return jax.lax.scan(body, x_BxLxD, (layer_state, kv_prefix))
     kvs = []
@@ -136,17 +143,25 @@ def single_device_mesh() -> Mesh:
   return sharding.make_mesh(1, 1, 1, devices=jax.devices()[:1])
 
 
-def init_model(config: ModelConfig, *, mesh: Mesh | None = None, seed: int = 0) -> Transformer:
-  """A randomly initialised model whose parameters are created already sharded over `mesh`."""
-  mesh = mesh or single_device_mesh()
-  graphdef, abstract_state = abstract_model(config)
-  shardings = sharding.state_shardings(abstract_state, mesh)
+@functools.cache
+def _init_fn(config: ModelConfig, mesh: Mesh):
+  """The jitted, sharded initialiser of one (config, mesh): compiled once per process."""
+  _, abstract_state = abstract_model(config)
 
   def init(key):
     return nnx.state(Transformer(config, rngs=nnx.Rngs(params=key)))
 
-  state = jax.jit(init, out_shardings=shardings)(jax.random.key(seed))
-  return nnx.merge(graphdef, state)
+  return jax.jit(init, out_shardings=sharding.state_shardings(abstract_state, mesh))
+
+
+def init_model(config: ModelConfig, *, mesh: Mesh | None = None, seed: int = 0) -> Transformer:
+  """A randomly initialised model whose parameters are created already sharded over `mesh`.
+
+  Values depend on the seed only, not on the mesh (JAX's partitionable threefry).
+  """
+  mesh = mesh or single_device_mesh()
+  graphdef, _ = abstract_model(config)
+  return nnx.merge(graphdef, _init_fn(config, mesh)(jax.random.key(seed)))
 
 
 def count_params(state: nnx.State) -> int:

@@ -64,6 +64,9 @@ def test_init_creates_parameters_sharded(ckpt):
     assert x.sharding == s
   assert state["embed"][...].sharding.spec == P("tensor", "fsdp")
   assert 0.015 < float(jnp.std(state["layers"]["mlp"]["up_proj"][...])) < 0.025  # normal(0.02)
+  single = nnx.state(init_model(config, seed=0))  # the same draw whatever the mesh
+  for a, b in zip(jax.tree.leaves(state), jax.tree.leaves(single)):
+    np.testing.assert_array_equal(a, b)
 
 
 def test_rules_table():

@@ -1,0 +1,60 @@
+"""On an NVIDIA GPU: every mask kind through cuDNN flash attention equals XLA attention, forward and
+backward, in bfloat16; and the model picks cuDNN by itself. Skipped (with the reason) elsewhere."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from dice_jax.model import masks
+from dice_jax.model.attention import attend, choose_implementation
+from dice_jax.model.config import ModelConfig
+from dice_jax.model.transformer import init_model
+
+pytestmark = pytest.mark.gpu
+
+KINDS = {
+    "bidirectional": masks.bidirectional(),
+    "padded": masks.bidirectional(jnp.array([100, 256], jnp.int32)),
+    "causal": masks.causal(),
+    "block_causal": masks.block_causal(4),
+    "two_copy": masks.two_copy(4),
+}
+
+
+@pytest.mark.parametrize("name", list(KINDS))
+def test_cudnn_matches_xla(name):
+  mask = KINDS[name]
+  rng = np.random.default_rng(0)
+  q = jnp.asarray(rng.normal(size=(2, 256, 8, 128)), jnp.bfloat16)
+  k, v, g = (jnp.asarray(rng.normal(size=s), jnp.bfloat16) for s in ((2, 256, 4, 128), (2, 256, 4, 128),
+                                                                      (2, 256, 8, 128)))
+
+  def run(impl):
+    out, vjp = jax.vjp(lambda q, k, v: attend(q, k, v, mask, impl), q, k, v)
+    return (out, *vjp(g))
+
+  for a, b in zip(jax.jit(lambda: run("cudnn"))(), jax.jit(lambda: run("xla"))()):
+    np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32), atol=3e-2, rtol=3e-2)
+
+
+def test_explicit_mask_with_cached_prefix_on_cudnn():
+  rng = np.random.default_rng(1)
+  q = jnp.asarray(rng.normal(size=(2, 4, 8, 128)), jnp.bfloat16)
+  k, v = (jnp.asarray(rng.normal(size=(2, 260, 4, 128)), jnp.bfloat16) for _ in range(2))
+  mask = masks.explicit(jnp.asarray(rng.random((2, 4, 260)) < 0.7).at[:, :, -4:].set(True))
+  a, b = attend(q, k, v, mask, "cudnn"), attend(q, k, v, mask, "xla")
+  np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32), atol=3e-2, rtol=3e-2)
+
+
+def test_model_uses_cudnn_in_bf16():
+  assert choose_implementation("auto", jnp.bfloat16, 128) == "cudnn"
+  cfg = ModelConfig(architecture="sdar", vocab_size=1024, hidden_size=256, intermediate_size=512, num_layers=2,
+                    num_heads=4, num_kv_heads=2, head_dim=64, qk_norm=True, attention="block_causal", block_size=4,
+                    mask_token_id=1023, dtype="bfloat16")
+  tokens = jnp.asarray(np.random.default_rng(2).integers(0, 1000, (2, 128)))
+  fast = init_model(cfg)
+  slow = init_model(cfg.replace(attention_impl="xla"))
+  hlo = jax.jit(lambda t: fast(t)).lower(tokens).compile().as_text()
+  assert "cudnn" in hlo.lower()
+  np.testing.assert_allclose(np.asarray(fast(tokens)), np.asarray(slow(tokens)), atol=5e-2, rtol=5e-2)
