@@ -8,7 +8,8 @@ contiguous [S, K] matrix, so neither kernel transposes the cache.
 
 - `pallas`: JAX's Triton decode-attention kernel (jax.experimental.pallas.ops.gpu.decode_attention),
   split over the key axis and bounded by [start, end): HBM traffic is the valid keys only, and no
-  scores are materialised. GPU only (Triton); `interpret=True` runs it anywhere for tests.
+  scores are materialised. Compiled by Triton on GPU; on other backends it runs in Pallas's
+  interpreter (slow: for tests of the GPU path).
 - `xla`: einsum + mask + softmax over the whole buffer: reads all S slots every step. Any backend.
 
 GQA: the H = G * R query heads of the Q queries form R * Q rows per kv head; query head h uses kv
@@ -85,13 +86,13 @@ def _pallas(qg_BxGxNxK, k_BxGxSxK, v_BxGxSxK, start_B, end_B, *, interpret: bool
 
 
 def attend_cache(q_BxQxHxK: jax.Array, k_BxGxSxK: jax.Array, v_BxGxSxK: jax.Array, start_B: jax.Array,
-                 end_B: jax.Array, implementation: str, *, interpret: bool = False) -> jax.Array:
+                 end_B: jax.Array, implementation: str) -> jax.Array:
   """Attention output BxQxHxK of the queries over cache slots [start_B, end_B) of each row."""
   qg = _queries_by_kv_head(q_BxQxHxK, k_BxGxSxK.shape[1])
   if implementation == "xla":
     out = _xla(qg, k_BxGxSxK, v_BxGxSxK, start_B, end_B)
   elif implementation == "pallas":
-    kernel = functools.partial(_pallas, interpret=interpret)
+    kernel = functools.partial(_pallas, interpret=jax.default_backend() != "gpu")
     mesh = jax.sharding.get_abstract_mesh()
     if not mesh.empty and mesh.size > 1:  # a custom kernel is not partitioned by XLA: map it per shard
       spec = sharding.logical_to_spec(_CACHE_AXES, k_BxGxSxK.shape, mesh)

@@ -55,6 +55,14 @@ def test_trace_fields(greedy_rollout):
       assert sorted(rank[row][block[row] == b]) == list(range(np.sum(block[row] == b)))
 
 
+def test_gpu_decode_kernel_in_the_loop(sdar_model, greedy_rollout):
+  """The Pallas kernel the GPU runs (interpreted here), in the real loop: same decode as the XLA path."""
+  pallas = sample(sdar_model, PROMPTS, jax.random.key(0), GREEDY.replace(decode_attention="pallas"))
+  np.testing.assert_array_equal(pallas.tokens, greedy_rollout.tokens)
+  np.testing.assert_array_equal(pallas.commit_step, greedy_rollout.commit_step)
+  np.testing.assert_allclose(pallas.logprobs, greedy_rollout.logprobs, atol=5e-5)
+
+
 def test_a_row_does_not_depend_on_its_batch(sdar_model, greedy_rollout):
   """Padding (left whole blocks, slots past the end) never enters attention."""
   alone = sample(sdar_model, [PROMPTS[1]], jax.random.key(0), GREEDY)

@@ -85,14 +85,14 @@ def test_cache_attention_kernels_match_the_definition():
   start, end = jnp.array([0, 8, 4, 260]), jnp.array([12, 300, 9, 512])
   want = _dense(np.asarray(qs), ks, vs, start, end)
   np.testing.assert_allclose(decode_attention.attend_cache(qs, ks, vs, start, end, "xla"), want, atol=1e-5)
-  got = decode_attention.attend_cache(qs, ks, vs, start, end, "pallas", interpret=True)
+  got = decode_attention.attend_cache(qs, ks, vs, start, end, "pallas")  # interpreted off GPU
   np.testing.assert_allclose(got, want, atol=1e-5)
   mesh = sharding.make_mesh(2, 2, 2)  # batch over data x fsdp, kv heads over tensor: the kernel runs per shard
   with jax.set_mesh(mesh):
     spec = sharding.logical_to_spec(("batch", "act_heads", None, None), ks.shape, mesh)
     put = lambda x, sp: jax.device_put(x, jax.sharding.NamedSharding(mesh, sp))  # noqa: E731
     row = jax.sharding.PartitionSpec(spec[0])
-    sharded = jax.jit(lambda *a: decode_attention.attend_cache(*a, "pallas", interpret=True))(
+    sharded = jax.jit(lambda *a: decode_attention.attend_cache(*a, "pallas"))(
         put(qs, row), put(ks, spec), put(vs, spec), put(start, row), put(end, row))
   np.testing.assert_allclose(sharded, want, atol=1e-5)
 
