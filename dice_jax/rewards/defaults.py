@@ -2,7 +2,10 @@
 
 Functions (each `fn(prompts, completions, verdicts, **item_columns) -> list[float]`):
   format       1 if the generation holds the code we asked for and it parses (phase 1: the
-               `source = '''...'''` assignment; phase 2: a file defining `ModelNew`), else 0.
+               `source = '''...'''` assignment; phase 2: a file defining `ModelNew`) and the
+               verifier did not REJECT it; else 0. Without the last condition a plain-PyTorch
+               `ModelNew` (which the verifier rejects as "no custom kernel") would still earn
+               format credit: a reward hack the policy would find.
   compile      1 if the candidate compiled (also under NO_GPU, where only compilation ran).
   correct      1 if the verdict is OK: compiled and passed every correctness trial.
   speedup      for OK verdicts with timing: log2(speedup) clipped to [min_log2, max_log2]; else 0.
@@ -45,16 +48,16 @@ def compiled(verdict: pb.Verdict) -> bool:
           or (verdict.stage >= pb.STAGE_LOAD and verdict.outcome != pb.INFRA_ERROR))
 
 
-def format_reward(prompts, completions: Sequence[str], verdicts, *, phase: Sequence[int] | None = None,
-                  **_) -> list[float]:
-  """1.0 if the generation contains the requested code and it parses (see extract.py)."""
-  del prompts, verdicts
+def format_reward(prompts, completions: Sequence[str], verdicts: Sequence[pb.Verdict], *,
+                  phase: Sequence[int] | None = None, **_) -> list[float]:
+  """1.0 if the generation contains the requested code, it parses, and it was not REJECTED."""
+  del prompts
   if phase is None:
     raise ValueError("format_reward needs the `phase` item column (1 or 2 per completion)")
   out = []
-  for text, p in zip(completions, phase):
+  for text, p, verdict in zip(completions, phase, verdicts):
     found = extract.extract_middle(text) if p == 1 else extract.extract_end_to_end(text)
-    out.append(1.0 if found.ok else 0.0)
+    out.append(1.0 if found.ok and verdict.outcome != pb.REJECTED else 0.0)
   return out
 
 

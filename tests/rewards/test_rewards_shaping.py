@@ -101,12 +101,13 @@ def test_hack_flags_zero_or_penalise_the_total():
   verdicts = [ok(2.0), hacked, rejected, static_reject]
 
   zero = shaper_call(D.preset("default"), verdicts)
-  np.testing.assert_allclose(zero.total, [0.1 + 0.2 + 1.0 + 0.5 * 1.0, 0, 0, 0.1])
+  # The static rejection is no hack, but REJECTED earns no format credit either.
+  np.testing.assert_allclose(zero.total, [0.1 + 0.2 + 1.0 + 0.5 * 1.0, 0, 0, 0])
   assert zero.hacked.tolist() == [False, True, True, False]
   assert zero.metrics["reward/hacked_frac"] == pytest.approx(0.5)
 
   penalty = shaper_call(D.make_shaper(D.RewardConfig(hack_mode="penalty", hack_penalty=2.0)), verdicts)
-  np.testing.assert_allclose(penalty.total, [1.8, -2.0, -2.0, 0.1])
+  np.testing.assert_allclose(penalty.total, [1.8, -2.0, -2.0, 0.0])
 
   only_caching = RewardShaper([RewardComponent("c", D.correctness_reward)],
                               hack=HackPolicy(exploits=frozenset({pb.OUTPUT_CACHING})))
@@ -145,10 +146,12 @@ def test_speedup_is_log2_and_clipped():
 
 
 def test_format_reward_per_phase():
-  completions = [MODEL_NEW, "no code at all", MIDDLE, MODEL_NEW]
-  assert D.format_reward(None, completions, None, phase=[2, 2, 1, 1]) == [1.0, 0.0, 1.0, 0.0]
+  completions = [MODEL_NEW, "no code at all", MIDDLE, MODEL_NEW, MODEL_NEW]
+  verdicts = [verdict(pb.COMPILE_ERROR, pb.STAGE_COMPILE)] * 4
+  verdicts.append(verdict(pb.REJECTED, pb.STAGE_STATIC_CHECK))
+  assert D.format_reward(None, completions, verdicts, phase=[2, 2, 1, 1, 2]) == [1.0, 0.0, 1.0, 0.0, 0.0]
   with pytest.raises(ValueError, match="needs the `phase` item column"):
-    D.format_reward(None, completions, None)
+    D.format_reward(None, completions, verdicts)
 
 
 def test_per_phase_metrics():

@@ -109,7 +109,9 @@ def test_static_rejections_and_format_failures(verifier, relu):
   assert [pb.Exploit.Name(e.kind) for e in verdicts[0].exploits] == ["NO_CUSTOM_KERNEL_LAUNCHED"]
   result = D.preset("compile_only")([""] * 3, phase1 + [torch_only], verdicts, phase=[1, 1, 2])
   assert result.hacked.tolist() == [True, False, False]
-  np.testing.assert_allclose(result.total, [0.0, 0.0, 0.2])  # parsed code gets format credit only
+  # REJECTED candidates earn nothing, not even format credit (no reward for a PyTorch-only ModelNew).
+  np.testing.assert_allclose(result.total, [0.0, 0.0, 0.0])
+  assert result.components["format"].tolist() == [0.0, 0.0, 0.0]
 
 
 @pytest.mark.slow
