@@ -75,20 +75,28 @@ def multi_process_environment(env: Mapping[str, str] | None = None) -> str | Non
   return None
 
 
+def launcher(cfg: DistributedConfig, env: Mapping[str, str] | None = None) -> str | None:
+  """Why this process is one of several ("config", "forced" or the launcher), or None."""
+  if cfg.initialize == "never":
+    return None
+  if cfg.coordinator_address is not None:
+    return "config"
+  return multi_process_environment(env) or ("forced" if cfg.initialize == "always" else None)
+
+
 def initialize(cfg: DistributedConfig = DistributedConfig(),
                env: Mapping[str, str] | None = None) -> bool:
   """Joins the multi-process job when there is one; returns whether it did."""
-  explicit = cfg.coordinator_address is not None
-  launcher = "config" if explicit else multi_process_environment(env)
-  if cfg.initialize == "never" or (cfg.initialize == "auto" and launcher is None):
+  why = launcher(cfg, env)
+  if why is None:
     return False
   if jax.distributed.is_initialized():
     return True
   jax.distributed.initialize(coordinator_address=cfg.coordinator_address,
                              num_processes=cfg.num_processes, process_id=cfg.process_id)
   log.info("jax.distributed initialised (%s): process %d of %d, %d local / %d global devices",
-           launcher or "forced", jax.process_index(), jax.process_count(),
-           jax.local_device_count(), jax.device_count())
+           why, jax.process_index(), jax.process_count(), jax.local_device_count(),
+           jax.device_count())
   return True
 
 

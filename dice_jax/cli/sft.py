@@ -54,9 +54,15 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 class _StopFlag:
-  """Set by SIGTERM (and the first Ctrl-C) while installed; the loop saves and returns."""
+  """Set by SIGTERM (and the first Ctrl-C) while installed; the loop saves and returns.
 
-  def __init__(self):
+  Single-process runs only: processes of a pod would see the signal at different steps, and
+  JAX's own preemption notice (synchronised by jax.distributed, honoured through orbax's
+  `reached_preemption`) must keep its SIGTERM handler. `enabled=False` installs nothing.
+  """
+
+  def __init__(self, enabled: bool = True):
+    self.enabled = enabled
     self.signal: int | None = None
     self._previous = {}
 
@@ -70,7 +76,7 @@ class _StopFlag:
     logging.getLogger(__name__).warning("signal %d: saving a checkpoint, then stopping", signum)
 
   def __enter__(self) -> _StopFlag:
-    if threading.current_thread() is threading.main_thread():
+    if self.enabled and threading.current_thread() is threading.main_thread():
       for signum in (signal.SIGTERM, signal.SIGINT):
         self._previous[signum] = signal.signal(signum, self._handle)
     return self
@@ -105,12 +111,13 @@ def _train(cfg) -> int:
   from dice_jax.checkpoints import CheckpointError
   from dice_jax.config import ConfigError
   from dice_jax.data.sft_data import SFTDataError
+  from dice_jax.distributed import launcher
   from dice_jax.model.config import UnsupportedModelError
   from dice_jax.model.hf_io import CheckpointError as HFCheckpointError
   from dice_jax.train.sft_loop import TrainingDiverged, run_sft
 
   try:
-    with _StopFlag() as stop:
+    with _StopFlag(enabled=launcher(cfg.distributed) is None) as stop:
       result = run_sft(cfg, should_stop=stop)
   except (ConfigError, SFTDataError, UnsupportedModelError, FileNotFoundError) as e:
     print(f"dice sft: {e}", file=sys.stderr)

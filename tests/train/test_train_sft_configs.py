@@ -64,6 +64,16 @@ def test_multi_process_environment_detection(env, launcher):
   assert distributed.multi_process_environment(env) == launcher
 
 
+def test_launcher_decides_when_to_initialize():
+  assert distributed.launcher(DistributedConfig(), env={}) is None
+  assert distributed.launcher(DistributedConfig(initialize="always"), env={}) == "forced"
+  assert distributed.launcher(DistributedConfig(coordinator_address="h:1"), env={}) == "config"
+  assert distributed.launcher(DistributedConfig(initialize="never"),
+                              env={"JAX_COORDINATOR_ADDRESS": "h:1"}) is None
+  assert distributed.launcher(DistributedConfig(), env={"JAX_COORDINATOR_ADDRESS": "h:1"}) == (
+      "JAX_COORDINATOR_ADDRESS")
+
+
 def test_initialize_is_a_no_op_for_one_process():
   assert distributed.initialize(DistributedConfig(), env={}) is False
   assert distributed.initialize(DistributedConfig(initialize="never"),

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from dice_jax import sharding
+from dice_jax.model import transformer
 from dice_jax.train import model_setup
 from dice_jax.train.model_setup import ModelSection
 from dice_jax.train.optim import OptimizerConfig, make_optimizer
@@ -32,10 +33,11 @@ SECTION = ModelSection(init=TINY, tokenizer="builtin:bytes", dtype="float32")
 
 @pytest.fixture(scope="module")
 def host_params():
-  """One random init (on one device), copied to the host and placed anew on every mesh."""
+  """Random weights in numpy (no init program to compile), placed anew on every mesh."""
   config = model_setup.model_config(SECTION)
-  return jax.device_get(model_setup.load_params(SECTION, config, sharding.make_mesh(
-      1, 1, 1, devices=jax.devices()[:1])))
+  _, abstract = transformer.abstract_model(config)
+  rng = np.random.default_rng(0)
+  return jax.tree.map(lambda s: (0.1 * rng.standard_normal(s.shape)).astype(s.dtype), abstract)
 
 
 def _losses(host_params, mesh_shape, objective, steps=2):
