@@ -9,6 +9,7 @@ problem: its file, its outcome row and the complete verdict.
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import pathlib
@@ -67,8 +68,22 @@ def notes(summary: Mapping[str, Any]) -> list[str]:
   return out
 
 
+def measured_on(results: Sequence[ProblemResult]) -> list[str]:
+  """Where the verdicts were produced (from the verdicts themselves, not from today's verifier:
+  a resumed run may reuse verdicts another server made)."""
+  seen: collections.Counter[str] = collections.Counter()
+  for result in results:
+    for s in result.samples:
+      if s.verdict.HasField("environment"):
+        env = s.verdict.environment
+        seen[f"{env.gpu_name or 'no GPU'} ({env.gpu_arch or '?'}), nvcc {env.nvcc_version or '?'}, "
+             f"torch {env.torch_version or '?'}"] += 1
+  return [f"{where}: {n} verdict(s)" for where, n in seen.most_common()]
+
+
 def build_summary(results: Sequence[ProblemResult], run: Mapping[str, Any]) -> dict[str, Any]:
-  summary = {"schema": SCHEMA, "run": dict(run),
+  run = dict(run, measured_on=measured_on(results))
+  summary = {"schema": SCHEMA, "run": run,
              **metrics_lib.summarize([r.scores() for r in results])}
   summary["notes"] = notes(summary)
   return summary
@@ -146,6 +161,8 @@ def markdown(summary: Mapping[str, Any]) -> str:
   for key in ("problems_source", "generations", "model", "mode", "sampling", "verifier", "date"):
     if run.get(key):
       parts.append(f"- {key.replace('_', ' ')}: {run[key]}")
+  for where in run.get("measured_on") or ():
+    parts.append(f"- measured on {where}")
   parts += [""] + [f"> **Note.** {n}" for n in summary["notes"]] + [""]
   parts += ["## Metrics per level", "", _md_table(table_columns(summary), table_rows(summary)), ""]
   columns = outcome_columns(summary)

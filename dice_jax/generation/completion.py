@@ -30,7 +30,7 @@ Messages = list[dict[str, str]]
 class DecodeSettings:
   """User-facing decoding knobs; `sampler_config` turns them into a SamplerConfig."""
 
-  max_new_tokens: int = 2048
+  max_new_tokens: int = 4096  # DICE's limit
   temperature: float = 1.0  # 0 means greedy
   top_p: float = 1.0
   greedy: bool = False

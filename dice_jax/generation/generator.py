@@ -92,7 +92,11 @@ class GenerationResult:
     if self.best is not None:
       return self.best, True
     if not self.correctness_available:
-      return best_compiled(self.candidates), False
+      # Compiled and got as far as checking could go: NO_GPU, or (description-only on a GPU
+      # verifier) imported fine and stopped at the placeholder reference.
+      clean = [c for c in self.candidates
+               if c.compiled and c.source is not None and c.outcome in ("NO_GPU", "BAD_REFERENCE")]
+      return (clean[0] if clean else best_compiled(self.candidates)), False
     return None, False
 
   def write(self, path: str | os.PathLike[str]) -> pathlib.Path:

@@ -48,6 +48,8 @@ def test_generations_layout_end_to_end_with_dedup_and_resume(tmp_path, tiny, ver
   assert overall["compile_rate"] == pytest.approx((2 / 4 + 0) / 2)
   assert overall["correctness_available"] is False and overall["correct_rate"] is None
   assert summary["run"]["mode"] == "end-to-end" and "no GPU" in summary["run"]["verifier"]
+  [where] = summary["run"]["measured_on"]  # from the verdicts themselves (all but the FORMAT one)
+  assert where.startswith("no GPU (sm_90), nvcc ") and where.endswith(": 4 verdict(s)")
   record = json.loads((out / "problems" / f"{relu.id}.json").read_text())
   assert [s["outcome"] for s in record["samples"]] == ["NO_GPU", "NO_GPU", "REJECTED", "FORMAT"]
   assert record["samples"][0]["verdict"]["compile"]["kernel_names"] == ["relu_kernel"]

@@ -123,6 +123,11 @@ def test_results_write_the_verified_winner_or_say_unverified(tmp_path):
   assert not compiled.verified and compiled.winner()[1] is False
   text = compiled.write(tmp_path / "c.py").read_text()
   assert text.startswith("# dice generate: UNVERIFIED") and "no reference" in text and text.endswith("k\n")
+  # Description-only on a GPU verifier: a candidate that imported and stopped at the placeholder
+  # reference (BAD_REFERENCE) is handed out before one whose import crashed (RUNTIME_ERROR).
+  crashed = Candidate(0, SAMPLE, "crash", verdict(pb.RUNTIME_ERROR))
+  imported = Candidate(1, SAMPLE, "fine", verdict(pb.BAD_REFERENCE))
+  assert _result([crashed, imported], False, mode="description").winner() == (imported, False)
 
 
 def test_prompts_carry_target_shapes_and_accept_templates():
