@@ -76,13 +76,15 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help="commit rule per denoising step (default %(default)s, as DICE)")
   gen.add_argument("--threshold", type=float, default=0.9, help="dynamic mode confidence (0.9)")
   gen.add_argument("--batch-size", type=int, default=8, help="rows per sampler call (default 8)")
-  gen.add_argument("--seed", type=int, default=0)
+  gen.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
   gen.add_argument("--template-infilling", metavar="YAML", help="phase-1 prompt template (user/system)")
   gen.add_argument("--template-end-to-end", metavar="YAML", help="phase-2 prompt template")
   ver = parser.add_argument_group("verification")
   ver.add_argument("--verifier", metavar="HOST:PORT|local",
                    help="verifier target(s), comma-separated, or 'local' (a loopback server for this run)")
-  ver.add_argument("--precision", choices=("fp32", "fp16", "bf16"), default="fp32")
+  ver.add_argument("--precision", choices=("fp32", "fp16", "bf16"), default="fp32",
+                   help="floating precision problems are run in (default fp32); integer inputs "
+                        "keep their dtype")
   ver.add_argument("--trials", type=int, default=0, help="correctness trials (0: server default, 5)")
   ver.add_argument("--atol", type=float, default=0.0,
                    help="absolute tolerance (0: KernelBench's per-precision default, fp32 1e-4; DICE "

@@ -50,19 +50,22 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
   parser.add_argument("--report", type=pathlib.Path, metavar="JSON",
                       help="also write every candidate with its verdict and source as JSON")
   parser.add_argument("--arch", help="target GPU architecture, e.g. sm_90 (default: the verifier's)")
-  parser.add_argument("--precision", choices=("fp32", "fp16", "bf16"), default="fp32")
+  parser.add_argument("--precision", choices=("fp32", "fp16", "bf16"), default="fp32",
+                      help="floating precision the kernel is written and checked for (default fp32)")
   parser.add_argument("--inject", type=pathlib.Path, action="append", default=[], metavar="FILE",
                       help="an extra candidate file verified and ranked with the samples (repeatable)")
   parser.add_argument("--template", metavar="YAML", help="prompt template (user/system); see "
                       "dice_jax.data.prompts for the fields")
-  parser.add_argument("--max-new-tokens", type=int, default=4096)
+  parser.add_argument("--max-new-tokens", type=int, default=4096,
+                      help="tokens generated per candidate (default %(default)s, DICE's)")
   parser.add_argument("--temperature", type=float, default=1.0, help="0 = greedy")
-  parser.add_argument("--top-p", type=float, default=1.0)
-  parser.add_argument("--seed", type=int, default=0)
+  parser.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling (1.0: off)")
+  parser.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
   parser.add_argument("--trials", type=int, default=0, help="correctness trials (0: server default)")
   parser.add_argument("--atol", type=float, default=0.0, help="0: per-precision default")
-  parser.add_argument("--rtol", type=float, default=0.0)
-  parser.add_argument("--connect-timeout", type=float, default=10.0)
+  parser.add_argument("--rtol", type=float, default=0.0, help="0: as --atol")
+  parser.add_argument("--connect-timeout", type=float, default=10.0,
+                      help="seconds to wait for the verifier to answer its preflight (default 10)")
   return parser
 
 
