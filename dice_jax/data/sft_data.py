@@ -200,7 +200,11 @@ def pad_example(tokens: np.ndarray, prompt_length: int, max_length: int, pad_id:
 def make_iterator(data: TokenizedSet, cfg: SFTDataConfig, pad_id: int, *,
                   process_index: int = 0, process_count: int = 1, prefetch: int = 4):
   """An endless grain iterator of this process's batches (`get_state`/`set_state` for resume)."""
-  import grain  # deferred: only the SFT loop needs grain (the GPU image must carry it)
+  try:
+    import grain  # deferred: only the SFT loop needs grain
+  except ImportError as e:
+    raise SFTDataError("the SFT input pipeline needs grain: pip install 'grain>=0.2.18,<0.3' "
+                       "(or install its wheels where there is no package index)") from e
 
   if cfg.batch_size % process_count:
     raise SFTDataError(f"data.batch_size={cfg.batch_size} is not divisible by the "
