@@ -119,8 +119,9 @@ def run_sft(cfg: SFTConfig, *, should_stop: Callable[[], bool] = lambda: False) 
              dict(mesh.shape))
     compiled = compile_train_step(step_fn, target, abstract_batch, shardings, batch_sharding, mesh)
     meta = {"objective": objective, "architecture": config.architecture}
-    status, step, metrics, state = _loop(cfg, compiled, state, start, iterator, batch_sharding,
-                                         checkpointer, meta, config_text, primary, should_stop)
+    status, step, metrics, state = _loop(cfg, run_dir, compiled, state, start, iterator,
+                                         batch_sharding, checkpointer, meta, config_text,
+                                         primary, should_stop)
     checkpointer.wait()
   finally:
     checkpointer.close()
@@ -133,16 +134,17 @@ def run_sft(cfg: SFTConfig, *, should_stop: Callable[[], bool] = lambda: False) 
                    run_dir=run_dir, hf_dir=hf_dir)
 
 
-def _loop(cfg: SFTConfig, compiled: Any, state: Any, start: int, iterator: Any,
+def _loop(cfg: SFTConfig, run_dir: str, compiled: Any, state: Any, start: int, iterator: Any,
           batch_sharding: Any, checkpointer: Checkpointer, meta: dict, config_text: str,
           primary: bool, should_stop: Callable[[], bool]):
+  """Steps until done or told to stop. Metrics are fetched (a device sync) only on logging
+  steps and before each scheduled checkpoint, so a diverged state is never saved."""
   total = cfg.train.steps
   metrics: dict[str, float] = {}
   status = "done"
   step = start
-  with MetricsLogger(run_dir=os.path.abspath(cfg.run_dir), total_steps=total, start_step=start,
-                     cfg=cfg.logging, title="sft", config_text=config_text,
-                     enabled=primary) as logger:
+  with MetricsLogger(run_dir=run_dir, total_steps=total, start_step=start, cfg=cfg.logging,
+                     title="sft", config_text=config_text, enabled=primary) as logger:
     while step < total:
       if should_stop():
         status = "stopped"
@@ -151,12 +153,15 @@ def _loop(cfg: SFTConfig, compiled: Any, state: Any, start: int, iterator: Any,
       state, step_metrics = compiled(state, batch)
       step += 1
       logger.advance(step)
-      if step % cfg.logging.every_steps == 0 or step == total:
+      log_due = step % cfg.logging.every_steps == 0 or step == total
+      if log_due or step % cfg.checkpoint.every_steps == 0:
         metrics = {k: float(v) for k, v in jax.device_get(step_metrics).items()}
         if not math.isfinite(metrics["loss"]):
-          raise TrainingDiverged(f"loss is {metrics['loss']} at step {step}; the last good "
-                                 f"checkpoint is step {checkpointer.latest_step()}")
-        logger.write(step, metrics)
+          last = checkpointer.latest_step()
+          raise TrainingDiverged(f"loss is {metrics['loss']} at step {step}; " + (
+              f"the last good checkpoint is step {last}" if last else "no checkpoint was saved"))
+        if log_due:
+          logger.write(step, metrics)
       checkpointer.save(step, state, data_iterator=iterator, meta={**meta, "step": step})
       if checkpointer.reached_preemption(step):
         status = "preempted"

@@ -6,6 +6,7 @@ import argparse
 import json
 import os
 import pathlib
+import re
 import signal
 import subprocess
 import sys
@@ -163,6 +164,15 @@ def test_sigterm_saves_and_exits_75(tmp_path, env, short_data):
   step = _committed(run_dir)[-1]  # the step it stopped at, saved off the 3-step interval too
   assert step >= 2 and f"stopped at step {step}" in out
   assert max(_logged_steps(run_dir)) == step
+
+
+def test_divergence_exits_3_without_saving_the_bad_state(tmp_path, env, short_data):
+  run_dir = tmp_path / "run"
+  code, out = _run(env, f"run_dir={run_dir}", *_resume_args(short_data), "optimizer.lr=1e30")
+  assert code == 3, out
+  found = re.search(r"training diverged: loss is (nan|inf) at step (\d+)", out)
+  assert found, out
+  assert all(s < int(found.group(2)) for s in _committed(run_dir))  # no checkpoint of a NaN state
 
 
 def test_help_explains_every_flag(capsys):
