@@ -23,7 +23,6 @@ import math
 
 import jax
 import jax.numpy as jnp
-from jax.experimental.pallas.ops.gpu import decode_attention as pallas_decode
 from jax.sharding import PartitionSpec
 
 from dice_jax import sharding
@@ -74,6 +73,7 @@ def _xla(qg_BxGxNxK, k_BxGxSxK, v_BxGxSxK, start_B, end_B):
 
 
 def _pallas(qg_BxGxNxK, k_BxGxSxK, v_BxGxSxK, start_B, end_B, *, interpret: bool):
+  from jax.experimental.pallas.ops.gpu import decode_attention as pallas_decode  # Triton: imported on use
   s, head_dim = k_BxGxSxK.shape[2], k_BxGxSxK.shape[3]
   if s % PALLAS_SPLIT:
     raise ValueError(f"the Pallas decode kernel needs a cache length that is a multiple of {PALLAS_SPLIT}, got {s}")

@@ -1,4 +1,4 @@
-"""On a GPU: the Triton decode kernel (compiled, not interpreted) and the cached path in bf16.
+"""On a GPU: the Triton decode kernel (compiled, not interpreted), alone in bf16 and inside the cached path.
 
 Run on the device machine: python -m pytest tests/sampler/test_sampler_gpu.py -q
 """
@@ -53,16 +53,17 @@ def _first_step_logits(graphdef, state, prompt, lengths, config):
   return sampler.decoder.head(cached), sampler.decoder.head(full)
 
 
-def test_cached_block_logits_match_full_recompute_in_bf16():
+def test_cached_block_logits_match_full_recompute():
+  """float32 compute, so that only the kernel's own rounding (Triton may use tf32) separates the paths."""
   mc = ModelConfig(architecture="sdar", vocab_size=512, hidden_size=256, intermediate_size=512, num_layers=2,
                    num_heads=8, num_kv_heads=2, head_dim=128, block_size=4, mask_token_id=511, eos_token_id=1,
-                   max_position_embeddings=1024, attention="block_causal", dtype="bfloat16")
+                   max_position_embeddings=1024, attention="block_causal")
   model = peaked(transformer.init_model(mc), 3.0)
   graphdef, state = nnx.split(model)
   lengths = jnp.array([300, 257, 64, 5], jnp.int32)
   prompt = jax.random.randint(jax.random.key(0), (4, 300), 2, 500)
   cached, full = _first_step_logits(graphdef, state, prompt, lengths, SamplerConfig(gen_length=64))
-  assert _relative_error(cached, full) < 2e-2
+  assert _relative_error(cached, full) < 1e-2
   rollout = sample(model, [list(np.asarray(prompt[i, :n])) for i, n in enumerate(lengths)], jax.random.key(1),
                    SamplerConfig(gen_length=64, eos_ids=()))
   assert np.asarray(rollout.valid).all() and np.isfinite(np.asarray(rollout.logprobs)).all()
