@@ -22,7 +22,7 @@ from dice_jax.model import hf_io
 from dice_jax.model.tokenizer import load_tokenizer
 from dice_jax.sampler import SamplerConfig, sample
 
-PAD_MULTIPLE = 128
+PAD_MULTIPLE = 512  # few distinct prompt widths, so few sampler compiles per evaluation
 Messages = list[dict[str, str]]
 
 
