@@ -1,6 +1,9 @@
 """Shared by tests/eval and tests/generate: one real loopback verifier and one tiny random model
 per pytest session (so the few real nvcc compiles happen once), and a CLI runner.
 
+The fixtures are imported by the test modules that use them (no conftest.py: a second module
+named `conftest` on sys.path would shadow tests/conftest.py for `from conftest import ...`).
+
 The verifier is `dice-verifier serve` started through `--verifier local`'s own LocalVerifier, with
 its compile cache under the session's temporary directory. On this CPU machine it compiles and
 answers NO_GPU. The model is a random SDAR-layout checkpoint written with `save_pretrained` and the
@@ -12,6 +15,8 @@ from __future__ import annotations
 import argparse
 import importlib
 import pathlib
+
+import pytest
 
 from dice_jax.eval.local_verifier import LocalVerifier
 
@@ -67,6 +72,7 @@ TINY_MODEL = dict(model_type="sdar", vocab_size=264, hidden_size=32, intermediat
                   eos_token_id=258, bos_token_id=256)
 
 
+@pytest.fixture(scope="session")
 def verifier_target(request, tmp_path_factory) -> str:
   """HOST:PORT of the session's loopback verifier (started on first use, stopped at exit)."""
   if "verifier" not in _SHARED:
@@ -79,6 +85,7 @@ def verifier_target(request, tmp_path_factory) -> str:
   return _SHARED["verifier"].target
 
 
+@pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> pathlib.Path:
   """A random tiny SDAR checkpoint (HF layout + byte tokenizer), written once per session."""
   if "model" not in _SHARED:

@@ -15,7 +15,7 @@ from dice_jax.eval import pipeline
 from dice_jax.eval.local_verifier import free_port
 from dice_jax.eval.store import VerdictStore
 from dice.verifier.v1 import verifier_pb2 as pb
-from eval_testlib import LIGHT_RELU, run_cli
+from eval_testlib import LIGHT_RELU, run_cli, tiny_model_dir, verifier_target  # noqa: F401 (fixtures)
 
 PNGS = ("speedup_distribution.png", "fast_p.png", "levels.png")
 NO_LOAD_INLINE = "import torch\n\nclass ModelNew(torch.nn.Module):\n    pass\n"

@@ -6,6 +6,8 @@ injected eval_testlib.LIGHT_RELU is the one candidate that compiles (shared comp
 """
 
 import json
+import pathlib
+import sys
 
 import pytest
 
@@ -15,7 +17,8 @@ from dice_jax.eval.local_verifier import free_port
 from dice_jax.generation import completion
 from dice_jax.generation.completion import CompletionModel, DecodeSettings
 from dice_jax.generation.generator import KernelGenerator
-from eval_testlib import LIGHT_RELU, run_cli
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "eval"))
+from eval_testlib import LIGHT_RELU, run_cli, tiny_model_dir, verifier_target  # noqa: E402,F401 (fixtures)
 
 DECODE = ["--max-new-tokens", 16]
 
