@@ -3,8 +3,8 @@
 `load_pretrained` checks the whole checkpoint against its config.json first (missing, unexpected
 and wrongly shaped tensors are all reported, by name, before anything is loaded), then builds each
 parameter with `jax.make_array_from_callback`: every device shard reads only its own slice of the
-HF tensors (safetensors slices), so no host ever holds the whole model, nor a whole stacked layer
-parameter. `save_pretrained` writes the layout back (loadable by transformers): one tensor (one
+HF tensors (safetensors slices, converted to the parameter dtype), so a host holds at most the
+shards of one parameter that its own devices need, never the whole model. `save_pretrained` writes the layout back (loadable by transformers): one tensor (one
 layer) is gathered to the host at a time and files are cut at `max_shard_bytes`.
 """
 

@@ -27,9 +27,10 @@ def test_masked_diffusion_loss_by_hand():
   nll_confident = math.log(math.e**3 + 3) - 3
   row0 = (nll_confident + math.log(4)) / 0.5
   row1 = math.log(4) / 0.25
-  loss, metrics = losses.masked_diffusion_loss(jnp.asarray(logits), targets, masked, t, response)
+  loss_fn = jax.jit(losses.masked_diffusion_loss, static_argnames="normalize")
+  loss, metrics = loss_fn(jnp.asarray(logits), targets, masked, t, response)
   np.testing.assert_allclose(loss, (row0 + row1) / 5, rtol=1e-6)  # 5 response tokens in the batch
-  seq_loss, _ = losses.masked_diffusion_loss(jnp.asarray(logits), targets, masked, t, response, normalize="sequence")
+  seq_loss, _ = loss_fn(jnp.asarray(logits), targets, masked, t, response, normalize="sequence")
   np.testing.assert_allclose(seq_loss, (row0 / 3 + row1 / 2) / 2, rtol=1e-6)
   assert float(metrics["masked_tokens"]) == 3 and float(metrics["response_tokens"]) == 5
   np.testing.assert_allclose(metrics["masked_nll"], (nll_confident + 2 * math.log(4)) / 3, rtol=1e-6)
@@ -43,8 +44,9 @@ def test_block_diffusion_loss_uses_only_the_noisy_half():
   masked = jnp.array([[1, 0, 1, 1]], bool)
   response = jnp.ones((1, 4), bool)
   t = jnp.array([0.8])
-  full, _ = losses.block_diffusion_loss(jnp.concatenate([noisy_logits, clean_logits], 1), targets, masked, t, response)
-  half, _ = losses.block_diffusion_loss(noisy_logits, targets, masked, t, response)
+  loss_fn = jax.jit(losses.block_diffusion_loss)
+  full, _ = loss_fn(jnp.concatenate([noisy_logits, clean_logits], 1), targets, masked, t, response)
+  half, _ = loss_fn(noisy_logits, targets, masked, t, response)
   nll = -jax.nn.log_softmax(noisy_logits[0], axis=-1)[jnp.arange(4), targets[0]]
   np.testing.assert_allclose(full, (nll[0] + nll[2] + nll[3]) / 0.8 / 4, rtol=1e-6)
   np.testing.assert_allclose(half, full, rtol=1e-7)

@@ -18,10 +18,12 @@ def _run(*args: str) -> str:
 
 @pytest.mark.slow
 def test_mfu_benchmark_tiny():
-  out = _run(str(BENCHMARKS / "model_mfu.py"), "--tiny", "--steps", "1", "--warmup", "1")
-  for variant in ("reference", "bidirectional", "two_copy"):
+  # two_copy is left out to save CI time: the sharded-step test below runs that objective.
+  out = _run(str(BENCHMARKS / "model_mfu.py"), "--tiny", "--steps", "1", "--warmup", "1",
+             "--variants", "reference,bidirectional")
+  for variant in ("reference", "bidirectional"):
     assert re.search(rf"^{variant}\s+\d+\s+[\d.]+", out, re.M), out
-  assert "two_copy costs" in out and "memory: arguments" in out
+  assert "memory: arguments" in out
   first = re.search(r"first-step loss: reference ([\d.]+), bidirectional ([\d.]+)", out)
   assert first and abs(float(first[1]) - float(first[2])) < 1e-3  # same weights and noise: same loss
 

@@ -19,6 +19,7 @@ KINDS = {
     "causal": masks.causal(),
     "block_causal": masks.block_causal(4),
     "two_copy": masks.two_copy(4),
+    "multi_copy": masks.multi_copy(4, copies=2, copy_length=64),
 }
 
 
