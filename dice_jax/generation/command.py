@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import json
-import pathlib
 import sys
 from typing import Any
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn,
+                           TimeElapsedColumn)
 from rich.table import Table
 
 from dice.verifier.v1 import verifier_pb2 as pb
