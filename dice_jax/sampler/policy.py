@@ -32,7 +32,7 @@ def sample_tokens(logits_BxQxV: jax.Array, key: jax.Array, config: SamplerConfig
                   ) -> tuple[jax.Array, jax.Array, jax.Array]:
   """(tokens BxQ, log-probs BxQ, confidence BxQ) for every position of the block."""
   scaled_BxQxV = logits_BxQxV.astype(jnp.float32) / config.temperature
-  logp_BxQxV = jax.nn.log_softmax(scaled_BxQxV, axis=-1)
+  log_norm_BxQ = jax.nn.logsumexp(scaled_BxQxV, axis=-1)  # log-probs without materialising them over V
   # The mask token is not text: never draw it (a trained model gives it ~no mass anyway).
   filtered = jnp.where(jnp.arange(scaled_BxQxV.shape[-1]) == mask_id, -jnp.inf, scaled_BxQxV)
   if config.greedy:
@@ -46,7 +46,7 @@ def sample_tokens(logits_BxQxV: jax.Array, key: jax.Array, config: SamplerConfig
       filtered = _top_p_filter(filtered.reshape(b * q, v), config.top_p).reshape(b, q, v)
     tokens_BxQ = jax.random.categorical(key, filtered, axis=-1)
   tokens_BxQ = tokens_BxQ.astype(jnp.int32)
-  logprob_BxQ = jnp.take_along_axis(logp_BxQxV, tokens_BxQ[..., None], axis=-1)[..., 0]
+  logprob_BxQ = jnp.take_along_axis(scaled_BxQxV, tokens_BxQ[..., None], axis=-1)[..., 0] - log_norm_BxQ
   return tokens_BxQ, logprob_BxQ, jnp.exp(logprob_BxQ)
 
 
