@@ -44,7 +44,13 @@ def _check_static(settings: Resolved, config: SamplerConfig, prompt_width: int, 
 def generate(graphdef: nnx.GraphDef, state: nnx.State, prompt_BxP: jax.Array, prompt_lengths_B: jax.Array,
              rng: jax.Array, config: SamplerConfig, suffix_BxS: jax.Array | None = None,
              suffix_lengths_B: jax.Array | None = None) -> Rollout:
-  """One rollout of the model (graphdef, state); a suffix (infilling) needs a bidirectional model."""
+  """One rollout of the model (graphdef, state); see dice_jax.sampler.rollout for what it records.
+
+  prompt_BxP / prompt_lengths_B: int32 tokens, row b's prompt in [:, :len_b] (len_b >= 1; the rest
+    is never read). P + gen_length (+ suffix width) must fit max_length: checked while tracing.
+  rng: a PRNG key; step s draws with fold_in(rng, s). Same key and inputs: the same rollout.
+  suffix_BxS / suffix_lengths_B: bidirectional models only: text after the generated middle.
+  """
   model_config = nnx.merge(graphdef, state).config
   settings = resolve(config, model_config)
   suffix_width = 0 if suffix_BxS is None else suffix_BxS.shape[1]

@@ -8,8 +8,10 @@ steps). The whole batch advances in lockstep; a row may commit nothing at some s
   generated: the row had already finished).
 - The state step s decoded from is, over the generated region,
       masked_state(tokens, commit_step, s, mask_id) = where(commit_step < s, tokens, mask_id)
-  with the prompt (and, for infilling, the suffix) clean around it. For block models only the
-  current block and earlier ones matter (block-causal attention); every earlier block is complete.
+  with the prompt (and, for infilling, the suffix) clean around it, in real positions 0, 1, ...
+  The sequence is exactly prompt + gen_length (+ suffix) tokens: nothing after it is attended, not
+  even the rest of a block model's last block. For block models only the current block and earlier
+  ones matter (block-causal attention); every earlier block is complete.
   Its logits at the positions with commit_step == s gave the tokens committed at s, and
   `logprobs` = log_softmax(logits / temperature)[token] there (dice_jax.sampler.policy).
 - `block[b, i]`: the denoising block of token i, counted from the row's first generated block.
