@@ -2,7 +2,8 @@
 
 Exit codes: 0 finished; 2 bad command line or input (problems, generations, model directory,
 templates); 4 the verifier is unreachable, or verdicts are INFRA_ERROR (rerun the same command to
-retry only those); 130 interrupted (every verdict that arrived is saved: rerun to continue).
+retry only those); 130 interrupted by Ctrl-C or SIGTERM (every verdict that arrived is saved:
+rerun to continue; a --verifier local server is stopped).
 """
 
 from __future__ import annotations
@@ -125,8 +126,10 @@ def run(args: argparse.Namespace) -> int:
   if args.samples > 1 and not args.model:
     return _error("--samples applies to --model (generated samples); with --generations the sample "
                   "files decide")
+  from dice_jax.eval.connect import sigterm_as_interrupt  # pylint: disable=import-outside-toplevel
   try:
-    return command.evaluate(args)
+    with sigterm_as_interrupt():
+      return command.evaluate(args)
   except KeyboardInterrupt:
     out = getattr(args, "resolved_out", args.out)
     return _error(f"interrupted; verdicts received so far are saved in {out}/verdicts.jsonl. "

@@ -3,7 +3,8 @@
 Exit codes (as `dice-verifier check`): 0 a verified winner was written; 1 no candidate was proven
 correct (nothing written); 2 bad command line or input (reference, architecture, model directory);
 3 compile-only: a candidate compiled and was written marked UNVERIFIED (description-only mode, or
-a verifier without a GPU); 4 the verifier is unreachable or failed.
+a verifier without a GPU); 4 the verifier is unreachable or failed; 130 interrupted (Ctrl-C or
+SIGTERM; a --verifier local server is stopped).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import logging
 import pathlib
 import sys
 
-EXIT_OK, EXIT_NONE, EXIT_USAGE, EXIT_UNVERIFIED, EXIT_VERIFIER = 0, 1, 2, 3, 4
+EXIT_OK, EXIT_NONE, EXIT_USAGE, EXIT_UNVERIFIED, EXIT_VERIFIER, EXIT_INTERRUPTED = 0, 1, 2, 3, 4, 130
 
 _EPILOG = """\
 examples:
@@ -95,4 +96,9 @@ def run(args: argparse.Namespace) -> int:
     injected = _read_injected(args.inject)
   except ValueError as e:
     return _error(str(e))
-  return command.generate(args, injected)
+  from dice_jax.eval.connect import sigterm_as_interrupt  # pylint: disable=import-outside-toplevel
+  try:
+    with sigterm_as_interrupt():
+      return command.generate(args, injected)
+  except KeyboardInterrupt:
+    return _error("interrupted", EXIT_INTERRUPTED)

@@ -9,9 +9,12 @@ verifier has a GPU (if not, verdicts are compile-only) and which architecture it
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
+import signal
+import threading
 
 from dice.verifier.v1 import verifier_pb2 as pb
 from dice_jax.eval.local_verifier import LocalVerifier
@@ -51,7 +54,7 @@ class Connection:
     for target, info in self.info.items():
       env = info.environment
       gpus = ", ".join(f"{g.name} ({g.arch})" for g in info.gpus) or "no GPU (compile-only)"
-      where = "local" if self.local is not None else target
+      where = f"local ({target})" if self.local is not None else target
       parts.append(f"{where}: {gpus}; nvcc {env.nvcc_version or '?'}, torch "
                    f"{env.torch_version or '?'}, server {info.server_version or '?'}")
     return "; ".join(parts)
@@ -62,6 +65,26 @@ class Connection:
     finally:
       if self.local is not None:
         self.local.stop()
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt():
+  """Within the block, SIGTERM (e.g. `timeout`, a batch scheduler) raises KeyboardInterrupt like
+  Ctrl-C, so `finally` blocks run: a local verifier is stopped instead of being orphaned, and
+  the interrupted command exits with its documented code. No-op outside the main thread."""
+  if threading.current_thread() is not threading.main_thread():
+    yield
+    return
+
+  def interrupt(signum, frame):
+    del signum, frame
+    raise KeyboardInterrupt
+
+  previous = signal.signal(signal.SIGTERM, interrupt)
+  try:
+    yield
+  finally:
+    signal.signal(signal.SIGTERM, previous)
 
 
 def parse_targets(spec: str) -> tuple[str, ...]:

@@ -67,6 +67,13 @@ class LocalVerifier:
         raise LocalVerifierError(f"--verifier local needs the verifier installed ({name} is missing): "
                                  "pip install 'dice-jax[verify]', or give --verifier HOST:PORT")
     self.log_path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+      return self._start()
+    except BaseException:  # Ctrl-C or SIGTERM while waiting: never leave the server behind
+      self.stop()
+      raise
+
+  def _start(self) -> str:
     for _ in range(3):  # a port taken between picking and binding: try another
       port = free_port()
       with open(self.log_path, "ab") as log:
@@ -75,7 +82,7 @@ class LocalVerifier:
       if self._wait_ready(f"127.0.0.1:{port}"):
         self.target = f"127.0.0.1:{port}"
         return self.target
-      if "could not bind" not in self._log_tail():
+      if "bind" not in self._log_tail().lower():
         break
     raise LocalVerifierError(f"the local verifier did not start (log: {self.log_path}):\n"
                              f"{self._log_tail()}")

@@ -5,6 +5,14 @@ cache); every other candidate is refused by static checks or never sent (format 
 """
 
 import json
+import os
+import pathlib
+import re
+import signal
+import subprocess
+import sys
+import time
+import uuid
 
 import pytest
 
@@ -144,3 +152,49 @@ def test_model_generations_are_saved_reused_and_pinned(tmp_path, tiny_model_dir,
   assert "generated 0 sample(s)" in capsys.readouterr().err
   assert run_cli("eval", *argv, "--seed", 1) == 2
   assert "other settings (changed: seed)" in capsys.readouterr().err
+
+
+_RUN_EVAL = ("import sys; sys.path.insert(0, sys.argv.pop(1)); from eval_testlib import run_cli; "
+             "sys.exit(run_cli('eval', *sys.argv[1:]))")
+
+
+def _processes_with(text: str) -> list[int]:
+  pids = []
+  for proc in pathlib.Path("/proc").iterdir():
+    try:
+      if proc.name.isdigit() and text in (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode():
+        pids.append(int(proc.name))
+    except OSError:
+      continue
+  return pids
+
+
+def test_sigterm_ends_the_run_with_130_and_stops_its_local_verifier(tmp_path, tmp_path_factory):
+  gens, out = tmp_path / "gens", tmp_path / "run"
+  fresh = LIGHT_RELU.replace("#include <cstdint>", f"#include <cstdint>\n// {uuid.uuid4().hex}")
+  gen_lib.write_generation(gens, "tiny_relu", 0, fresh, raw=False)  # uncached: a compile in flight
+  env = dict(os.environ, DICE_VERIFIER_CACHE=str(tmp_path_factory.getbasetemp() / "eval-verifier-cache"))
+  cmd = [sys.executable, "-c", _RUN_EVAL, str(pathlib.Path(__file__).parent), "--generations", gens,
+         "--problems", "bundled:tiny", "--limit", "1", "--mode", "end-to-end", "--verifier", "local",
+         "--out", out, "--no-plots"]
+  proc = subprocess.Popen([str(c) for c in cmd], stderr=subprocess.PIPE, text=True, env=env)
+  port = None
+  deadline = time.monotonic() + 240
+  while port is None and time.monotonic() < deadline:
+    line = proc.stderr.readline()
+    if not line:
+      break
+    m = re.search(r"local \(127\.0\.0\.1:(\d+)\)", line)
+    port = m and m.group(1)
+  assert port, "the local verifier never came up"
+  server = f"--listen 127.0.0.1:{port}"
+  assert _processes_with(server)
+  proc.send_signal(signal.SIGTERM)
+  _, err = proc.communicate(timeout=120)
+  assert proc.returncode == 130, err
+  assert "interrupted" in err
+  for _ in range(50):
+    if not _processes_with(server):
+      break
+    time.sleep(0.2)
+  assert not _processes_with(server), "the local verifier outlived the interrupted run"
