@@ -13,7 +13,11 @@ import importlib
 import sys
 
 # Subcommand name -> module under dice_jax.cli. Order is the order shown in --help.
-COMMANDS = {}
+COMMANDS = {
+    "sft": "sft",
+    "eval": "eval",
+    "generate": "generate",
+}
 
 
 def build_parser() -> argparse.ArgumentParser:
