@@ -6,7 +6,7 @@ import functools
 
 import jax
 import numpy as np
-from conftest import MASK_ID, PROMPTS
+from sampler_testlib import MASK_ID, PROMPTS, dream_model, llada_model  # noqa: F401  (fixtures)
 from flax import nnx
 from sampler_replay import replay
 

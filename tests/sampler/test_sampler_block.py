@@ -5,7 +5,7 @@ from __future__ import annotations
 import jax
 import numpy as np
 import pytest
-from conftest import MASK_ID, PROMPTS
+from sampler_testlib import MASK_ID, PROMPTS, sdar_model  # noqa: F401  (a fixture)
 from flax import nnx
 from sampler_replay import replay
 

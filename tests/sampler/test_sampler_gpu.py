@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import peaked
+from sampler_testlib import peaked
 from flax import nnx
 
 from dice_jax.model import transformer

@@ -1,4 +1,8 @@
-"""Tiny random models for the sampler tests (session-scoped: compiled programs are reused)."""
+"""Shared pieces of the sampler tests: tiny models (fixtures), ragged prompts, peaked random weights.
+
+Not a conftest.py: a second module named `conftest` would shadow tests/conftest.py for other tests
+that import from it. Test modules import the fixtures they use from here.
+"""
 
 from __future__ import annotations
 
