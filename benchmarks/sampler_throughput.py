@@ -15,9 +15,9 @@ Phases (each prints as it finishes; the table comes last):
            context), extrapolated over the rollout; the no-cache step likewise.
 The no-cache totals (and the long cached total) are extrapolations from timed steps, as printed.
 
-  # GPU (the config is carried: ../shared does not travel)
-  python benchmarks/sampler_throughput.py --config .carry/sdar-4b-config.json
-  # CPU smoke test at a toy shape
+  # GPU, from the repository root (the config is carried: ../shared does not travel); ~4-5 min
+  PYTHONPATH=. python3 benchmarks/sampler_throughput.py --config .carry/sdar-4b-config.json
+  # CPU smoke test at a toy shape (~2 min here)
   python benchmarks/sampler_throughput.py --tiny
 """
 
