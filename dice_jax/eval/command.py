@@ -101,8 +101,8 @@ def evaluate(args: argparse.Namespace) -> int:
     return _error(str(e), EXIT_VERIFIER)
   except ValueError as e:
     return _error(str(e))
-  progress_console.print(f"verifier: {connection.describe()}")
   try:
+    progress_console.print(f"verifier: {connection.describe()}")
     if source is not None:
       with _progress(progress_console) as progress:
         task = progress.add_task("generating", total=None)

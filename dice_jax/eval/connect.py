@@ -106,31 +106,26 @@ def connect(spec: str, *, connect_timeout_s: float = 5.0, request_timeout_s: flo
   request_timeout_s is per request from send to verdict: an evaluation queues many candidates
   behind a few compile workers, so it is much longer than the trainer's default.
   """
-  local = None
-  if spec.strip() == LOCAL:
-    local = LocalVerifier(cache_dir=local_cache_dir, log_path=local_log)
-    targets = (local.start(),)
-  else:
-    targets = parse_targets(spec)
-  try:
-    config = ClientConfig(targets=targets, connect_timeout_s=connect_timeout_s,
-                          request_timeout_s=request_timeout_s, max_in_flight_per_stream=max_in_flight,
-                          auth_token_file=auth_token_file)
-    client = VerifierClient(config)
+  local = LocalVerifier(cache_dir=local_cache_dir, log_path=local_log) if spec.strip() == LOCAL else None
+  client = None
+  try:  # whatever goes wrong (Ctrl-C included), a started local server is stopped
+    targets = (local.start(),) if local is not None else parse_targets(spec)
+    client = VerifierClient(ClientConfig(
+        targets=targets, connect_timeout_s=connect_timeout_s, request_timeout_s=request_timeout_s,
+        max_in_flight_per_stream=max_in_flight, auth_token_file=auth_token_file))
+    answers = client.info()
+    info = {t: a for t, a in answers.items() if isinstance(a, pb.ServerInfo)}
+    errors = {t: a for t, a in answers.items() if not isinstance(a, pb.ServerInfo)}
+    if not info:
+      detail = "; ".join(f"{t}: {e}" for t, e in errors.items())
+      raise VerifierUnreachable(f"cannot reach the verifier ({detail}). Start one with "
+                                "`dice-verifier serve --listen HOST:PORT`, or pass --verifier local")
   except BaseException:
+    if client is not None:
+      client.close()
     if local is not None:
       local.stop()
     raise
-  answers = client.info()
-  info = {t: a for t, a in answers.items() if isinstance(a, pb.ServerInfo)}
-  errors = {t: a for t, a in answers.items() if not isinstance(a, pb.ServerInfo)}
-  if not info:
-    client.close()
-    if local is not None:
-      local.stop()
-    detail = "; ".join(f"{t}: {e}" for t, e in errors.items())
-    raise VerifierUnreachable(f"cannot reach the verifier ({detail}). Start one with `dice-verifier "
-                              "serve --listen HOST:PORT`, or pass --verifier local")
   for target, error in errors.items():
     _log.warning("verifier %s did not answer (%s); continuing with the others", target, error)
   return Connection(client, info, local)

@@ -11,6 +11,7 @@ compile-only NO_GPU verdicts, which every report states plainly.
 
 from __future__ import annotations
 
+import atexit
 import importlib.util
 import os
 import pathlib
@@ -81,6 +82,7 @@ class LocalVerifier:
                                       stdin=subprocess.DEVNULL, start_new_session=True)
       if self._wait_ready(f"127.0.0.1:{port}"):
         self.target = f"127.0.0.1:{port}"
+        atexit.register(self.stop)  # a last resort if the caller's own cleanup never runs
         return self.target
       if "bind" not in self._log_tail().lower():
         break
@@ -111,6 +113,7 @@ class LocalVerifier:
   def stop(self) -> None:
     """SIGTERM (the server drains), then SIGKILL of its whole process group if it lingers."""
     proc, self._proc, self.target = self._proc, None, None
+    atexit.unregister(self.stop)
     if proc is None or proc.poll() is not None:
       return
     proc.send_signal(signal.SIGTERM)

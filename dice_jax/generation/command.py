@@ -13,7 +13,6 @@ from rich.table import Table
 
 from dice.verifier.v1 import verifier_pb2 as pb
 from dice_jax.data import prompts
-from dice_jax.data.problems import ProblemLoadError
 from dice_jax.eval import connect as connect_lib
 from dice_jax.eval import records
 from dice_jax.eval import report
@@ -75,17 +74,19 @@ def generate(args: argparse.Namespace, injected: list[str]) -> int:
     kwargs = {}
     if template is not None:
       kwargs["template" if args.reference else "description_template"] = template
-    with progress_console.status("connecting to the verifier and loading the model"):
-      gen = KernelGenerator(args.model, verifier=args.verifier, arch=args.arch,
-                            precision=args.precision, decode=decode, options=options,
-                            connect_timeout_s=args.connect_timeout, **kwargs)
-  except (connect_lib.VerifierUnreachable, LocalVerifierError) as e:
-    return _error(str(e), EXIT_VERIFIER)
   except (ValueError, FileNotFoundError) as e:
     return _error(str(e))
-  try:
-    progress_console.print(f"verifier: {gen.connection.describe()}; target {arch_lib.describe(gen.arch)}, "
-                           f"{gen.precision}")
+  gen = None
+  try:  # one try/finally from the start: an interruption anywhere still stops a local verifier
+    try:
+      with progress_console.status("connecting to the verifier and loading the model"):
+        gen = KernelGenerator(args.model, verifier=args.verifier, arch=args.arch,
+                              precision=args.precision, decode=decode, options=options,
+                              connect_timeout_s=args.connect_timeout, **kwargs)
+    except (connect_lib.VerifierUnreachable, LocalVerifierError) as e:
+      return _error(str(e), EXIT_VERIFIER)
+    progress_console.print(f"verifier: {gen.connection.describe()}; target "
+                           f"{arch_lib.describe(gen.arch)}, {gen.precision}")
     total = args.samples + len(injected)
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), console=progress_console) as progress:
@@ -96,10 +97,11 @@ def generate(args: argparse.Namespace, injected: list[str]) -> int:
           on_sampled=lambda: progress.update(task, description="verifying"),
           on_verdict=lambda c: progress.update(task, advance=1,
                                                description=f"{c.name}: {c.outcome}"))
-  except (ProblemLoadError, ValueError) as e:
+  except (ValueError, FileNotFoundError) as e:
     return _error(str(e))
   finally:
-    gen.close()
+    if gen is not None:
+      gen.close()
   console.print(table(result))
   for note in result.notes:
     console.print(f"[bold]Note:[/bold] {note}")
