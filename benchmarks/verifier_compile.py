@@ -93,6 +93,8 @@ async def run(args: argparse.Namespace) -> list[dict]:
   variants = [("plain", False, False), ("light", False, True), ("pch", True, False),
               ("light+pch", True, True)]
   for name, use_pch, light in variants:
+    if args.variants and name not in args.variants.split(","):
+      continue
     cache = root / name
     if use_pch:  # reuse the prebuilt header, nothing else
       cache.mkdir()
@@ -118,6 +120,8 @@ def main() -> None:
   parser.add_argument("--jobs", type=int, default=os.cpu_count(),
                       help="concurrent compiler processes for the verifier's path")
   parser.add_argument("--skip-naive", action="store_true", help="skip the naive load_inline run")
+  parser.add_argument("--variants", default="",
+                      help="comma-separated subset of plain,light,pch,light+pch (default: all)")
   parser.add_argument("--json", default="", help="also write the rows to this JSON file")
   args = parser.parse_args()
   rows = asyncio.run(run(args))

@@ -195,15 +195,19 @@ def _summary(paths: list[pathlib.Path], verdicts: list[pb.Verdict]) -> None:
   from rich.console import Console  # pylint: disable=import-outside-toplevel
   from rich.table import Table  # pylint: disable=import-outside-toplevel
   table = Table(title="dice-verifier check")
-  for column in ("candidate", "outcome", "stage", "compile s", "speedup", "message"):
-    table.add_column(column, overflow="fold")
+  for column in ("candidate", "outcome", "stage", "compile s", "speedup"):
+    table.add_column(column, no_wrap=True)
+  table.add_column("message", overflow="fold")
   for path, v in zip(paths, verdicts):
     compile_s = next((t.duration_s for t in v.stage_timings if t.stage == pb.STAGE_COMPILE), 0.0)
     speedup = f"{v.timing.speedup:.2f}x" if v.HasField("timing") else "-"
-    table.add_row(str(path), pb.Outcome.Name(v.outcome), pb.Stage.Name(v.stage).removeprefix(
+    table.add_row(path.name, pb.Outcome.Name(v.outcome), pb.Stage.Name(v.stage).removeprefix(
         "STAGE_"), f"{compile_s:.1f}" + (" (cached)" if v.compile.cache_hit else ""), speedup,
                   v.message[:160])
-  Console().print(table)
+  console = Console()
+  if not console.is_terminal:
+    console = Console(width=160)  # a pipe or a log file: do not fold at 80 columns
+  console.print(table)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -109,9 +109,29 @@ def _call_with_supported(fn, **kwargs):
   return fn(**{k: v for k, v in kwargs.items() if k in params})
 
 
-def torch_build_flags(ext: sources.InlineExtension, with_cuda: bool) -> BuildFlags:
-  """Runs torch's own ninja writer for `ext` in a scratch folder and reads the flags back."""
+def torch_build_flags(ext: sources.InlineExtension, with_cuda: bool,
+                      toolchain: toolchain_lib.Toolchain) -> BuildFlags:
+  """Runs torch's own ninja writer for `ext` in a scratch folder and reads the flags back.
+
+  torch reads CUDA_HOME once, when cpp_extension is first imported (possibly before toolchain
+  discovery), so the discovered root and arch list are put in place for the duration.
+  """
   from torch.utils import cpp_extension  # pylint: disable=import-outside-toplevel
+  saved = cpp_extension.CUDA_HOME, os.environ.get("TORCH_CUDA_ARCH_LIST")
+  cpp_extension.CUDA_HOME = toolchain.cuda_root
+  os.environ["TORCH_CUDA_ARCH_LIST"] = toolchain.arch_list
+  try:
+    return _torch_build_flags(cpp_extension, ext, with_cuda)
+  finally:
+    cpp_extension.CUDA_HOME = saved[0]
+    if saved[1] is None:
+      os.environ.pop("TORCH_CUDA_ARCH_LIST", None)
+    else:
+      os.environ["TORCH_CUDA_ARCH_LIST"] = saved[1]
+
+
+def _torch_build_flags(cpp_extension, ext: sources.InlineExtension,
+                       with_cuda: bool) -> BuildFlags:
   with tempfile.TemporaryDirectory(prefix="dice-flags-") as scratch:
     srcs = [os.path.join(scratch, "main.cpp")]
     if with_cuda:
@@ -190,7 +210,7 @@ class Compiler:
     key = (ext.name, ext.extra_cflags, ext.extra_cuda_cflags, ext.extra_ldflags,
            ext.extra_include_paths, with_cuda)
     if key not in self._flags:
-      self._flags[key] = torch_build_flags(ext, with_cuda)
+      self._flags[key] = torch_build_flags(ext, with_cuda, self.toolchain)
     return self._flags[key]
 
   def build_key(self, ext: sources.InlineExtension) -> str:
@@ -215,6 +235,12 @@ class Compiler:
                          log=f"compile did not finish within {timeout_s:.1f} s",
                          duration_s=time.monotonic() - start)
     return dataclasses.replace(result, duration_s=time.monotonic() - start)
+
+  async def close(self) -> None:
+    """Cancels precompiled-header builds still running and reaps their compilers."""
+    for task in self._pch.values():
+      task.cancel()
+    await asyncio.gather(*self._pch.values(), return_exceptions=True)
 
   def stats(self) -> dict[str, int]:
     """Cache entries, hits, misses and bytes on disk."""
@@ -259,14 +285,18 @@ class Compiler:
   async def _build(self, ext: sources.InlineExtension, key: str) -> BuildResult:
     flags = self.flags(ext)
     main_text, cuda_text = render_sources(ext)
+    want_pch = self.use_pch and not ext.no_implicit_headers and not ext.extra_cflags and not (
+        ext.extra_include_paths)
     pch = None
-    if self.use_pch and not ext.no_implicit_headers and not ext.extra_cflags and not (
-        ext.extra_include_paths):
-      pch = await self._ensure_pch(flags)
-    main_cmd = list(flags.cxx)
-    if pch:
-      main_cmd += ["-include", pch, "-Winvalid-pch"]
-    main_cmd += list(flags.cflags) + ["-c", "{src}", "-o", "{out}"] + list(flags.post_cflags)
+
+    async def main_object() -> str:
+      # Waits for the precompiled header (if still building); cuda.cu is not held up by it.
+      nonlocal pch
+      pch = await self._ensure_pch(flags) if want_pch else None
+      cmd = list(flags.cxx) + (["-include", pch, "-Winvalid-pch"] if pch else [])
+      cmd += list(flags.cflags) + ["-c", "{src}", "-o", "{out}"] + list(flags.post_cflags)
+      return await self._object(cmd, main_text, "main.cpp")
+
     cuda_cmd = list(flags.nvcc) + list(flags.cuda_cflags) + ["-c", "{src}", "-o", "{out}"] + list(
         flags.cuda_post_cflags)
     light = lighten(cuda_text) if (cuda_text and self.light_headers) else None
@@ -279,7 +309,7 @@ class Compiler:
           log.info("light CUDA build failed for %s; compiling the original source", ext.name)
       return await self._object(cuda_cmd, cuda_text, "cuda.cu"), False
 
-    tasks = [asyncio.ensure_future(self._object(main_cmd, main_text, "main.cpp"))]
+    tasks = [asyncio.ensure_future(main_object())]
     if cuda_text is not None:
       tasks.append(asyncio.ensure_future(cuda_object(allow_light=True)))
     try:
@@ -302,6 +332,8 @@ class Compiler:
     finally:
       for task in tasks:
         task.cancel()
+      # Reap the other translation unit's compiler before returning (or propagating a cancel).
+      await asyncio.gather(*tasks, return_exceptions=True)
     result = BuildResult(ok=True, so_path=so_path, cache_key=key, light_header=used_light,
                          pch_used=bool(pch))
     self._write_record(key, result)
@@ -334,6 +366,7 @@ class Compiler:
       out = work / (filename + ".o")
       argv = [a.format(src=src, out=out) if a in ("{src}", "{out}") else a for a in cmd]
       rc, output = await self._run(argv, cwd=work)
+      output = output.replace(f"{work}/", "")  # the log names cuda.cu, not a scratch folder
       if rc < 0:  # killed by a signal (OOM killer, operator): not a property of the source
         raise _ProcessFailed(output + f"\ncompiler killed by signal {-rc}")
       final.parent.mkdir(parents=True, exist_ok=True)

@@ -124,6 +124,9 @@ class WorkerSlot:
           return _classify(message, phase, timed_out, timeout_s)
     except (WorkerDied, BrokenPipeError, ConnectionResetError, json.JSONDecodeError) as e:
       log.warning("worker %s failed: %s; restarting it", self.name, e)
+      if child is not None:  # the job's child has its own session: it outlives the worker
+        with contextlib.suppress(ProcessLookupError):
+          os.killpg(child, signal.SIGKILL)
       await self.stop()
       return {"outcome": "INFRA_ERROR", "stage": phase, "message": f"worker failed: {e}"}
     except asyncio.CancelledError:

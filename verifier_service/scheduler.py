@@ -104,6 +104,8 @@ class Scheduler:
   async def stop(self) -> None:
     if self._warm_up is not None:
       self._warm_up.cancel()
+      await asyncio.gather(self._warm_up, return_exceptions=True)
+    await self.compiler.close()
     if self.pool is not None:
       await self.pool.stop()
 

@@ -123,3 +123,15 @@ def test_timeout_kills_the_build(toolchain, tmp_path):
   assert time.monotonic() - start < 15
   assert result.timed_out and not result.ok
   assert "within 2.0 s" in result.log
+
+
+def test_flags_use_the_discovered_toolkit_even_if_torch_guessed_first(toolchain, cache_dir):
+  # This module imported torch.utils.cpp_extension before discovery; torch's own CUDA_HOME guess
+  # (the folder above a wrapper `nvcc`) must not leak into the flags.
+  async def flags():
+    compiler = compile_lib.Compiler(toolchain, cache_dir, max_jobs=1)
+    return compiler.flags(_extension(kernels.cuda_candidate()))
+  result = asyncio.run(flags())
+  assert f"-L{toolchain.cuda_root}/lib64" in result.ldflags
+  assert result.nvcc[0].startswith(toolchain.cuda_root)
+  assert "-gencode=arch=compute_90,code=sm_90" in result.cuda_cflags

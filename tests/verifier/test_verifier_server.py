@@ -240,3 +240,11 @@ def test_token_auth(cache_dir, toolchain):
         health_pb2.HealthCheckResponse.SERVING)
   finally:
     srv.stop()
+
+
+def test_prometheus_metrics_count_verdicts(server):
+  server.stub().Verify(request("metrics-reject", "import torch\n"), timeout=30)
+  text = server.scheduler.metrics.exposition().decode()
+  assert 'dice_verifier_verdicts_total{outcome="REJECTED"}' in text
+  assert "dice_verifier_stage_seconds_bucket" in text
+  assert "dice_verifier_queue_depth" in text

@@ -8,10 +8,12 @@ nothing about CUDA kernels: those are the GPU tests' job.
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
 import signal
 import time
 
+import psutil
 import pytest
 
 from dice.verifier.v1 import verifier_pb2 as pb
@@ -89,17 +91,48 @@ def test_exception_crash_and_hang_are_attributed_and_leave_the_worker_usable(cpu
   assert verify(cpu_server, "scaled_add").outcome == pb.OK
 
 
+def _kill_workers(pool) -> None:
+  for slot in pool.slots:
+    try:
+      os.kill(slot.info["pid"], signal.SIGKILL)
+    except ProcessLookupError:
+      pass  # already dead, not yet replaced (replaced when next used)
+
+
+def _job_children(pool) -> list[psutil.Process]:
+  """Forked job children of the live worker processes (a job is running)."""
+  children = []
+  for slot in pool.slots:
+    try:
+      children += psutil.Process(slot.info["pid"]).children()
+    except psutil.NoSuchProcess:
+      pass
+  return children
+
+
 def test_dead_worker_is_replaced_and_the_request_retried_once(cpu_server):
   pool = cpu_server.scheduler.pool
   assert verify(cpu_server, "scaled_add").outcome == pb.OK  # compiled, workers warm
+  # Killed between jobs: noticed before the next job is sent, replaced, no retry needed.
   restarts = sum(s.restarts for s in pool.slots)
-  for slot in pool.slots:  # kill every worker process behind the server's back
-    os.kill(slot.info["pid"], signal.SIGKILL)
+  _kill_workers(pool)
   time.sleep(0.5)
   verdict = verify(cpu_server, "scaled_add")
   assert verdict.outcome == pb.OK, verdict.message
-  assert verdict.attempts == 2
+  assert verdict.attempts == 1
   assert sum(s.restarts for s in pool.slots) > restarts
+  # Killed while a job runs: INFRA_ERROR for that attempt, retried once on a fresh worker.
+  slow = kernels.cpp_candidate("scaled_add").replace(
+      "super().__init__()", "super().__init__()\n        import time\n        time.sleep(3)")
+  with concurrent.futures.ThreadPoolExecutor(1) as executor:
+    future = executor.submit(verify, cpu_server, "slow", None, slow)
+    deadline = time.monotonic() + 120
+    while not _job_children(pool) and time.monotonic() < deadline:
+      time.sleep(0.05)
+    _kill_workers(pool)
+    verdict = future.result()
+  assert verdict.outcome == pb.OK, verdict.message
+  assert verdict.attempts == 2
 
 
 def test_monkey_patching_torch_is_rejected(cpu_server):
