@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib.util
 import pathlib
 
-from conftest import REPO_ROOT
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
 def _load_generator():
