@@ -1,0 +1,269 @@
+"""`dice train`'s configuration: one frozen dataclass per section, whose defaults ARE the `tiny` run.
+
+`RLConfig()` is the built-in default (`dice train` with no `--config`): a tiny random SDAR-layout
+model with the byte tokenizer, the problem set bundled with dice_jax, a verifier started on
+loopback, three phase-1 steps then three phase-2 steps. `configs/tiny.yaml` spells the same values
+out (a test keeps them equal); the SDAR recipes (`configs/dice_sdar_*.yaml`) override them.
+
+Sections (dotted `key=value` overrides address them): model, data, rollout, algo, train,
+curriculum, rewards, verifier, pipeline, optimizer, mesh, distributed, checkpoint, logging.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Literal
+
+from dice_jax.checkpoints import CheckpointConfig
+from dice_jax.config import require
+from dice_jax.data.problems import BUNDLED_PREFIX
+from dice_jax.distributed import DistributedConfig, MeshConfig
+from dice_jax.metrics_log import LoggingConfig
+from dice_jax.rewards.defaults import PRESET_WEIGHTS
+from dice_jax.train.model_setup import ModelSection
+from dice_jax.train.optim import OptimizerConfig
+
+BUILTIN_TEMPLATE_PREFIX = "builtin:"
+
+# config.json fields of the tiny random model: SDAR layout (Qwen3 + block diffusion, block 4) over
+# the byte tokenizer's 260 ids (256 bytes, <|endoftext|> 256, <|im_start|> 257, <|im_end|> 258,
+# <|MASK|> 259), padded to 264 rows.
+TINY_MODEL_INIT = {
+    "model_type": "sdar", "vocab_size": 264, "hidden_size": 64, "intermediate_size": 128,
+    "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+    "block_size": 4, "mask_token_id": 259, "eos_token_id": 258, "pad_token_id": 256,
+    "rope_theta": 10000.0, "max_position_embeddings": 4096,
+}
+
+
+def _tiny_model() -> ModelSection:
+  return ModelSection(init=dict(TINY_MODEL_INIT), tokenizer="builtin:bytes", dtype="float32",
+                      param_dtype="float32")
+
+
+def _check_source(path: str, key: str) -> None:
+  if not path.startswith(BUNDLED_PREFIX):
+    require(os.path.exists(os.path.expanduser(path)), key, f"no such file or directory: {path!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class DataSection:
+  # Problem files (DICE JSON/JSONL, KernelBench dirs, or `bundled:<name>`). Phase 1 needs items
+  # with a prefix/middle/suffix scaffold; phase 2 takes any problem (reference only).
+  phase1_files: tuple[str, ...] = ("bundled:tiny",)
+  phase2_files: tuple[str, ...] = ("bundled:tiny",)
+  # Prompt tokens (chat template applied); the sampler's static prompt width. Problems whose prompt
+  # is longer are left out at start-up (the count is logged; none left is an error).
+  max_prompt_length: int = 1280
+  # Prompt templates: null (dice_jax.data.prompts' defaults), `builtin:compact` (short prompts for
+  # byte-level tiny models), or a YAML file with `user` (and `system`) templates.
+  infilling_template: str | None = "builtin:compact"
+  end_to_end_template: str | None = "builtin:compact"
+  seed: int = 0
+  backend: Literal["auto", "grain", "numpy"] = "auto"
+
+  def __post_init__(self):
+    for phase in (1, 2):
+      for i, path in enumerate(getattr(self, f"phase{phase}_files")):
+        _check_source(path, f"phase{phase}_files[{i}]")
+    require(self.max_prompt_length > 0, "max_prompt_length", f"must be > 0, got {self.max_prompt_length}")
+    for key in ("infilling_template", "end_to_end_template"):
+      value = getattr(self, key)
+      if value is not None and not value.startswith(BUILTIN_TEMPLATE_PREFIX):
+        require(os.path.isfile(os.path.expanduser(value)), key, f"file not found: {value!r}")
+      if value is not None and value.startswith(BUILTIN_TEMPLATE_PREFIX):
+        require(value == "builtin:compact", key, f"unknown built-in template {value!r} (have: builtin:compact)")
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutSection:
+  """How responses are sampled (dice_jax.sampler.SamplerConfig) and how many per step."""
+  prompts_per_step: int = 2  # DICE: 64
+  group_size: int = 4  # responses per prompt (G); DICE: 16
+  # Rows per sampler call (a multiple of the data x fsdp devices); null: all rows in one call.
+  batch_size: int | None = None
+  gen_length: int = 32  # new tokens; DICE: 4096
+  steps_per_block: int | None = None  # null: block_size (DICE: 4)
+  mode: Literal["static", "dynamic"] = "dynamic"
+  threshold: float = 0.9
+  temperature: float = 1.0
+  top_k: int = 0
+  top_p: float = 1.0
+  block_size: int | None = None  # bidirectional models only (block models use their own)
+  kv_cache: bool = True
+  seed: int = 0
+
+  def __post_init__(self):
+    for key in ("prompts_per_step", "group_size", "gen_length"):
+      require(getattr(self, key) > 0, key, f"must be > 0, got {getattr(self, key)}")
+    require(self.group_size >= 2, "group_size", f"group advantages need >= 2 responses per prompt, got "
+            f"{self.group_size}")
+    rows = self.prompts_per_step * self.group_size
+    require(self.batch_size is None or (self.batch_size > 0 and rows % self.batch_size == 0), "batch_size",
+            f"must divide prompts_per_step x group_size = {rows}, got {self.batch_size}")
+    require(self.temperature > 0, "temperature", f"must be > 0, got {self.temperature}")
+    require(0 < self.top_p <= 1, "top_p", f"must be in (0, 1], got {self.top_p}")
+    require(self.top_k >= 0, "top_k", f"must be >= 0, got {self.top_k}")
+
+
+@dataclasses.dataclass(frozen=True)
+class AlgoSection:
+  """The update's estimators and loss, each chosen by name from its registry (dice_jax.rl)."""
+  advantage: Literal["grpo", "drgrpo", "rloo"] = "grpo"
+  logprob: Literal["trace", "one_step", "coupled"] = "trace"
+  loss: Literal["clipped", "unclipped"] = "clipped"
+  clip_eps: float = 0.2
+  clip_eps_high: float | None = None  # null: clip_eps (symmetric)
+  kl_beta: float = 0.01  # 0 turns the KL term off
+  kl_reference: Literal["old", "reference"] = "old"  # k3 KL to the behaviour policy or the start model
+  # "Old" log-probs (the ratio's denominator): the sampler's recorded ones (trace only), or
+  # recomputed by the trainer's forward under the behaviour params (removes sampler/trainer
+  # numeric mismatch, e.g. bf16 cached decoding; costs one forward per rollout).
+  old_logprobs: Literal["sampler", "recompute"] = "sampler"
+  norm_length: int | None = None  # the loss's constant length normaliser; null: rollout.gen_length
+  prompt_mask_prob: float = 0.15  # one_step (d1): probability of masking each prompt token
+
+  def __post_init__(self):
+    require(0 < self.clip_eps < 1, "clip_eps", f"must be in (0, 1), got {self.clip_eps}")
+    require(self.clip_eps_high is None or self.clip_eps_high > 0, "clip_eps_high",
+            f"must be > 0, got {self.clip_eps_high}")
+    require(self.kl_beta >= 0, "kl_beta", f"must be >= 0, got {self.kl_beta}")
+    require(self.norm_length is None or self.norm_length > 0, "norm_length", f"must be > 0, got {self.norm_length}")
+    require(0 <= self.prompt_mask_prob < 1, "prompt_mask_prob", f"must be in [0, 1), got {self.prompt_mask_prob}")
+    require(self.logprob == "trace" or self.old_logprobs == "recompute", "old_logprobs",
+            f"the sampler records trace log-probs only; logprob={self.logprob!r} needs old_logprobs=recompute")
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainSection:
+  steps: int = 6  # RL steps (one rollout batch each); DICE: 20 phase-1 + 100 phase-2
+  num_minibatches: int = 2  # optimizer updates per rollout batch (PPO-style); DICE: 4
+  grad_accum_steps: int = 1  # micro-batches per optimizer update
+  seed: int = 0  # the update's RNG (rollouts use rollout.seed)
+  export_hf: bool = True  # write the final policy in Hugging Face layout to <run_dir>/hf
+
+  def __post_init__(self):
+    for key in ("steps", "num_minibatches", "grad_accum_steps"):
+      require(getattr(self, key) > 0, key, f"must be > 0, got {getattr(self, key)}")
+
+
+@dataclasses.dataclass(frozen=True)
+class CurriculumSection:
+  """Phase 1 (infilling) then phase 2 (end to end); see dice_jax.rl.curriculum."""
+  schedule: Literal["steps", "metric"] = "steps"
+  # steps: the switch happens after this many steps. metric: at most this many (null: no limit).
+  phase1_steps: int | None = 3
+  metric: str = "phase1/reward/total"  # metric schedule: switch once its window mean >= threshold
+  threshold: float = 0.5
+  window: int = 3  # steps averaged for the metric schedule
+  min_phase1_steps: int = 0  # metric schedule: never switch before this many phase-1 steps
+  ramp_steps: int = 0  # after the switch, phase 2's share of prompts grows linearly over this many steps
+
+  def __post_init__(self):
+    require(self.phase1_steps is None or self.phase1_steps >= 0, "phase1_steps",
+            f"must be >= 0 or null, got {self.phase1_steps}")
+    require(self.schedule == "metric" or self.phase1_steps is not None, "phase1_steps",
+            "the steps schedule needs a number of phase-1 steps")
+    require(self.window > 0, "window", f"must be > 0, got {self.window}")
+    require(self.min_phase1_steps >= 0, "min_phase1_steps", f"must be >= 0, got {self.min_phase1_steps}")
+    require(self.ramp_steps >= 0, "ramp_steps", f"must be >= 0, got {self.ramp_steps}")
+
+
+@dataclasses.dataclass(frozen=True)
+class CustomReward:
+  """A user reward function `fn(prompts, completions, verdicts, **item_columns) -> list[float]`."""
+  fn: str  # "package.module:function"
+  weight: float = 1.0
+  normalize: Literal["none", "batch", "group"] = "none"
+
+  def __post_init__(self):
+    require(":" in self.fn, "fn", f"must be 'module:function', got {self.fn!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class RewardsSection:
+  """dice_jax.rewards presets and overrides. `auto`: compile_only when no verifier target has a
+  GPU, else `default`."""
+  preset: Literal["auto", "default", "dice_binary", "compile_only"] = "auto"
+  weights: dict[str, float] = dataclasses.field(default_factory=dict)
+  normalize: dict[str, str] = dataclasses.field(default_factory=dict)
+  hack_mode: Literal["zero", "penalty", "ignore"] = "zero"
+  hack_penalty: float = 1.0
+  speedup_min_log2: float = -1.0
+  speedup_max_log2: float = 2.0
+  custom: dict[str, CustomReward] = dataclasses.field(default_factory=dict)
+
+  def __post_init__(self):
+    known = {name for weights in PRESET_WEIGHTS.values() for name in weights}
+    for key in ("weights", "normalize"):
+      unknown = sorted(set(getattr(self, key)) - known - set(self.custom))
+      require(not unknown, key, f"unknown reward components {unknown}; known: {sorted(known | set(self.custom))}")
+    clash = sorted(set(self.custom) & known)
+    require(not clash, "custom", f"names {clash} are taken by the shipped components")
+
+
+@dataclasses.dataclass(frozen=True)
+class VerifierSection:
+  # `local` (a `dice-verifier serve` subprocess on loopback for this run) or HOST:PORT targets.
+  targets: tuple[str, ...] = ("local",)
+  connect_timeout_s: float = 10.0
+  request_timeout_s: float = 900.0  # per request, send to verdict (compiles queue behind each other)
+  max_in_flight: int = 64
+  auth_token_file: str | None = None
+  precision: Literal["fp32", "fp16", "bf16"] = "fp32"
+  num_correctness_trials: int = 0  # 0: the server's default
+  atol: float = 0.0  # correctness tolerances; 0: the server's per-precision default (fp32 1e-4)
+  rtol: float = 0.0
+  skip_timing: bool = False  # correctness only (DICE's binary reward needs no timing)
+  local_cache_dir: str | None = None  # compile cache of a local verifier (null: its default)
+
+  def __post_init__(self):
+    require(bool(self.targets), "targets", "needs `local` or at least one HOST:PORT")
+    require(self.targets == ("local",) or "local" not in self.targets, "targets",
+            "`local` cannot be combined with remote targets")
+    require(self.connect_timeout_s > 0 and self.request_timeout_s > 0, "request_timeout_s", "timeouts must be > 0")
+    require(self.max_in_flight > 0, "max_in_flight", f"must be > 0, got {self.max_in_flight}")
+    require(self.num_correctness_trials >= 0, "num_correctness_trials", "must be >= 0")
+    require(self.atol >= 0 and self.rtol >= 0, "atol", "tolerances must be >= 0")
+
+
+@dataclasses.dataclass(frozen=True)
+class PipelineSection:
+  # Sample step k+1 (with the params that existed before update k) while step k is verified.
+  # Off: strictly on-policy, the accelerator idles while kernels compile.
+  overlap: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
+class RLConfig:
+  """Everything `dice train` reads; the defaults are the `tiny` run."""
+  run_dir: str = "runs/tiny"
+  model: ModelSection = dataclasses.field(default_factory=_tiny_model)
+  data: DataSection = dataclasses.field(default_factory=DataSection)
+  rollout: RolloutSection = dataclasses.field(default_factory=RolloutSection)
+  algo: AlgoSection = dataclasses.field(default_factory=AlgoSection)
+  train: TrainSection = dataclasses.field(default_factory=TrainSection)
+  curriculum: CurriculumSection = dataclasses.field(default_factory=CurriculumSection)
+  rewards: RewardsSection = dataclasses.field(default_factory=RewardsSection)
+  verifier: VerifierSection = dataclasses.field(default_factory=VerifierSection)
+  pipeline: PipelineSection = dataclasses.field(default_factory=PipelineSection)
+  optimizer: OptimizerConfig = dataclasses.field(
+      default_factory=lambda: OptimizerConfig(lr=1e-3, schedule="constant", max_grad_norm=1.0))
+  mesh: MeshConfig = dataclasses.field(default_factory=MeshConfig)
+  distributed: DistributedConfig = dataclasses.field(default_factory=DistributedConfig)
+  checkpoint: CheckpointConfig = dataclasses.field(default_factory=lambda: CheckpointConfig(every_steps=3, keep=2))
+  logging: LoggingConfig = dataclasses.field(default_factory=lambda: LoggingConfig(
+      every_steps=1, console_metrics=("reward", "compile", "correct", "speedup", "kl", "wait_frac")))
+
+  def __post_init__(self):
+    require(self.curriculum.phase1_steps == 0 or bool(self.data.phase1_files), "curriculum.phase1_steps",
+            "phase-1 steps need data.phase1_files")
+    phase2_needed = self.curriculum.schedule == "metric" or self.curriculum.phase1_steps < self.train.steps
+    require(not phase2_needed or bool(self.data.phase2_files), "data.phase2_files",
+            "the curriculum reaches phase 2, which needs data.phase2_files")
+    rows = self.rollout.prompts_per_step * self.rollout.group_size
+    require(rows % self.train.num_minibatches == 0, "train.num_minibatches",
+            f"must divide the {rows} rows of a step (prompts_per_step x group_size)")
+    require(rows // self.train.num_minibatches % self.train.grad_accum_steps == 0, "train.grad_accum_steps",
+            f"must divide the {rows // self.train.num_minibatches} rows of a minibatch")

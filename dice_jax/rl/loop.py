@@ -1,0 +1,198 @@
+"""The RL run: rollout -> verify -> rewards -> update, pipelined, checkpointed, logged.
+
+Step k (k = 0 .. train.steps-1) is one rollout batch and one `update_step` call:
+
+    behaviour params θ_k ──sample──► R_k ──verify──► rewards_k ──update──► θ_{k+1}
+
+With `pipeline.overlap` the loop samples R_{k+1} with θ_k (the params before update k) and submits
+it to the verifier *before* waiting for R_k's verdicts, so the accelerator samples while the
+verifier compiles; update k then runs, and R_{k+1}'s ratio is taken against the log-probs θ_k
+recorded (one step off-policy, importance-weighted and clipped). Without overlap every rollout is
+sampled with the newest params and the accelerator idles during verification. Either way the
+*old* log-probs in a batch are those of the params that sampled it. `timing/wait_frac` is the
+fraction of each step the loop sat blocked on verdicts with nothing queued on the accelerator.
+
+Checkpoints (params, optimizer, RNG, step, data-stream position, curriculum state) are taken with
+nothing in flight: before a scheduled checkpoint step, or when asked to stop, the loop does not
+pre-sample, so a killed run restarted with the same command continues exactly as it would have.
+If a save happens at another step (a preemption notice), the data position and curriculum state
+saved are those from before the in-flight rollout was drawn, and the resumed run re-samples it
+on-policy: the same run, one rollout fresher.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import os
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import yaml
+from flax import nnx
+
+from dice.verifier.v1 import verifier_pb2 as pb
+from dice_jax import distributed, sharding
+from dice_jax.checkpoints import Checkpointer
+from dice_jax.config import to_dict
+from dice_jax.metrics_log import MetricsLogger, truncate_jsonl
+from dice_jax.model import hf_io
+from dice_jax.rewards.shaping import RewardComponent
+from dice_jax.rl import rewarding, setup, summary
+from dice_jax.rl.config import RLConfig
+from dice_jax.rl.curriculum import Curriculum
+from dice_jax.rl.rollout import InFlight, RolloutEngine, item_columns
+from dice_jax.train.optim import cast_floating
+
+log = logging.getLogger(__name__)
+
+
+class TrainingDiverged(RuntimeError):
+  """The loss became NaN or infinite; the last good checkpoint is kept."""
+
+
+@dataclasses.dataclass(frozen=True)
+class RLResult:
+  status: str  # "done" | "stopped" (asked to stop; checkpoint saved) | "preempted"
+  step: int
+  start_step: int
+  history: list[dict[str, float]]  # every logged step's metrics, this process
+  run_dir: str
+  hf_dir: str | None
+  verifier: str  # what the verifier said about itself
+
+
+@dataclasses.dataclass(frozen=True)
+class _Saved:
+  """A data-stream position captured earlier (a Checkpointer `data_iterator` stand-in)."""
+  state: dict[str, Any]
+
+  def get_state(self) -> dict[str, Any]:
+    return self.state
+
+
+def run_rl(cfg: RLConfig, *, should_stop: Callable[[], bool] = lambda: False,
+           reward_components: Sequence[RewardComponent] = ()) -> RLResult:
+  """Trains (or resumes) per `cfg`. `reward_components` join the configured reward shaping."""
+  run_dir = os.path.abspath(os.path.expanduser(cfg.run_dir))
+  distributed.initialize(cfg.distributed)
+  primary = distributed.is_primary()
+  config_text = yaml.safe_dump(to_dict(cfg), sort_keys=False)
+  if primary:
+    os.makedirs(run_dir, exist_ok=True)
+    with open(os.path.join(run_dir, "config.yaml"), "w", encoding="utf-8") as f:
+      f.write(config_text)
+  with setup.Run(cfg, run_dir) as run:
+    shaper = rewarding.build_shaper(cfg.rewards, run.connection.has_gpu, reward_components)
+    log.info("verifier: %s; reward components: %s", run.connection.describe(),
+             ", ".join(f"{c.name}x{c.weight:g}" for c in shaper.components))
+    if not run.connection.has_gpu and pb.NO_GPU in shaper.exclude:
+      log.warning("no verifier target has a GPU, so every compiled candidate gets NO_GPU, which this reward "
+                  "excludes: nothing will be learned. Use a GPU verifier, or rewards.preset=compile_only")
+    engine = RolloutEngine(cfg, run.graphdef, run.spec, run.sampling, run.mesh, run.tokenizer, run.book,
+                           run.connection.client, run.verify_options, run.ref_params)
+    loop = _Loop(cfg, run, engine, shaper, should_stop)
+    if primary:  # a resumed run redoes the steps after its checkpoint
+      truncate_jsonl(os.path.join(run_dir, summary.SPEEDUPS_FILE), run.start)
+    with MetricsLogger(run_dir=run_dir, total_steps=cfg.train.steps, start_step=run.start, cfg=cfg.logging,
+                       title="dice train", config_text=config_text, enabled=primary) as logger:
+      status = loop.train(logger)
+    run.checkpointer.wait()
+    hf_dir = None
+    if status == "done" and cfg.train.export_hf and loop.step > run.start:
+      hf_dir = os.path.join(run_dir, "hf")
+      hf_io.save_pretrained(nnx.merge(run.graphdef, loop.state.params), hf_dir, dtype=cfg.model.dtype,
+                            tokenizer_dir=run.tokenizer_dir)
+    return RLResult(status=status, step=loop.step, start_step=run.start, history=loop.history, run_dir=run_dir,
+                    hf_dir=hf_dir, verifier=run.connection.describe())
+
+
+class _Loop:
+  """The step loop's state: train state, in-flight rollout, curriculum, metric history."""
+
+  def __init__(self, cfg: RLConfig, run: setup.Run, engine: RolloutEngine, shaper, should_stop):
+    self.cfg, self.run, self.engine, self.shaper, self.should_stop = cfg, run, engine, shaper, should_stop
+    self.state, self.step = run.state, run.start
+    self.curriculum = Curriculum(cfg.curriculum, cfg.rollout.prompts_per_step, jax.process_count())
+    self.curriculum.load_state_dict(run.meta.get("curriculum", {}))
+    self.counts: dict[int, tuple[int, int]] = {}
+    self.history: list[dict[str, float]] = []
+    self.batch_sharding = sharding.batch_sharding(run.mesh, 1)
+    self.compute_dtype = jnp.dtype(cfg.model.dtype)
+
+  def _scheduled(self, step: int) -> bool:
+    return step % self.cfg.checkpoint.every_steps == 0 or step == self.cfg.train.steps
+
+  def _launch(self, step: int) -> InFlight:
+    """Draws step `step`'s prompts and starts its rollout with the current params."""
+    n1, n2 = self.counts[step] = self.curriculum.counts(step)
+    unit = jax.process_count()
+    items = self.run.stream.next_batch(n1 // unit, n2 // unit)
+    return self.engine.start(step, cast_floating(self.state.params, self.compute_dtype), items)
+
+  def train(self, logger: MetricsLogger) -> str:
+    total = self.cfg.train.steps
+    current = self._launch(self.step) if self.step < total else None
+    data_state, curriculum_state = self.run.stream.get_state(), self.curriculum.state_dict()
+    while self.step < total:
+      t0 = time.perf_counter()
+      stop = self.should_stop()
+      nxt = None
+      if (self.cfg.pipeline.overlap and not stop and self.step + 1 < total
+          and not self._scheduled(self.step + 1)):
+        data_state, curriculum_state = self.run.stream.get_state(), self.curriculum.state_dict()
+        nxt = self._launch(self.step + 1)  # with θ_k: overlaps the verification of step k
+      t_wait = time.perf_counter()
+      verdicts = current.verdicts.result()
+      wait_s = time.perf_counter() - t_wait
+      metrics = self._update(current, verdicts, logger)
+      self.step += 1
+      self.curriculum.observe(current.step, metrics)
+      if nxt is None:  # drained: what is saved now is exactly the state after this update
+        data_state, curriculum_state = self.run.stream.get_state(), self.curriculum.state_dict()
+      else:  # a preemption save keeps the position from before `nxt` was drawn (see module doc)
+        curriculum_state = {**self.curriculum.state_dict(), "switch_step": curriculum_state["switch_step"]}
+      step_s = time.perf_counter() - t0
+      metrics |= {"timing/step_s": step_s, "timing/sample_s": current.sample_s, "timing/wait_s": wait_s,
+                  "wait_frac": wait_s / step_s if step_s > 0 else 0.0}
+      self._log(logger, metrics, current)
+      self.run.checkpointer.save(self.step, self.state, data_iterator=_Saved(data_state), force=stop,
+                                 meta={"step": self.step, "curriculum": curriculum_state})
+      if stop:
+        return "stopped"
+      if self.run.checkpointer.reached_preemption(self.step):
+        return "preempted"
+      current = nxt if nxt is not None else (self._launch(self.step) if self.step < total else None)
+    return "done"
+
+  def _update(self, current: InFlight, verdicts, logger: MetricsLogger) -> dict[str, float]:
+    g = self.cfg.rollout.group_size
+    scored = rewarding.score(self.shaper, current.prompts, current.completions, verdicts,
+                             item_columns(current.items, g), g)
+    batch = {**current.batch, "rewards": self.engine.reward_array(scored.result.total, "float32"),
+             "reward_valid": self.engine.reward_array(scored.result.valid, "bool")}
+    batch = jax.device_put(batch, self.batch_sharding)
+    self.state, device_metrics = self.run.compiled(self.state, batch)
+    metrics = {k: float(v) for k, v in jax.device_get(device_metrics).items()}
+    if not math.isfinite(metrics["loss"]):
+      raise TrainingDiverged(f"loss is {metrics['loss']} at step {current.step + 1}; the last good checkpoint is "
+                             f"step {self.run.checkpointer.latest_step()}")
+    if len(scored.speedups):
+      logger.histogram(current.step + 1, "speedup_dist", scored.speedups)
+      if logger.enabled:
+        summary.append_speedups(logger.run_dir, current.step + 1, scored.speedups)
+    return metrics | scored.metrics
+
+  def _log(self, logger: MetricsLogger, metrics: Mapping[str, float], current: InFlight) -> None:
+    n1, n2 = self.counts[current.step]
+    metrics = dict(metrics) | {
+        "curriculum/phase2_share": n2 / (n1 + n2), "rollout/length_mean": float(current.lengths.mean()),
+        "rollout/finished_frac": float(current.finished.mean())}
+    self.history.append({"step": self.step, **metrics})
+    logger.advance(self.step)
+    if self.step % self.cfg.logging.every_steps == 0 or self.step == self.cfg.train.steps:
+      logger.write(self.step, metrics)

@@ -1,0 +1,172 @@
+"""Everything an RL run builds before its first step, checked in order of cost.
+
+Cheap checks first (mesh and batch divisibility, tokenizer vs model, sampler settings vs model,
+prompt width vs context), then the data (every prompt tokenised; a missing or malformed problem
+file fails here, before anything is started). Then the verifier is connected in a background
+thread (a loopback `dice-verifier serve` for `targets: [local]`, ~10 s to import torch; every
+target preflighted for its ServerInfo) while the train state is restored from the run's latest
+checkpoint or initialised from `model.path` / `model.init`, and the update step is lowered and
+compiled with its memory analysis logged.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import os
+
+import jax
+import jax.numpy as jnp
+
+from dice.verifier.v1 import verifier_pb2 as pb
+from dice_jax import sharding
+from dice_jax.checkpoints import Checkpointer, CheckpointError
+from dice_jax.config import ConfigError
+from dice_jax.eval import connect as connect_lib
+from dice_jax.rl.config import RLConfig, VerifierSection
+from dice_jax.rl.data import PromptBook
+from dice_jax.rl.rollout import eos_ids_for, sampler_config
+from dice_jax.rl.scoring import spec_for
+from dice_jax.rl.update import batch_keys, make_update_step
+from dice_jax.train import model_setup
+from dice_jax.train.optim import cast_floating, make_optimizer
+from dice_jax.train.step import compile_train_step
+from dice_jax.train.train_state import abstract_state, create_train_state, state_shardings
+
+log = logging.getLogger(__name__)
+PRECISIONS = {"fp32": pb.FP32, "fp16": pb.FP16, "bf16": pb.BF16}
+
+
+def _check_batch(cfg: RLConfig, mesh: jax.sharding.Mesh) -> None:
+  ways, procs = mesh.shape["data"] * mesh.shape["fsdp"], jax.process_count()
+  r, t = cfg.rollout, cfg.train
+  rows = r.prompts_per_step * r.group_size
+  chunk = r.batch_size or rows
+  micro = rows // t.num_minibatches // t.grad_accum_steps
+  problems = []
+  if chunk % ways or micro % ways:
+    problems.append(f"rows per sampler call ({chunk}) and per micro-batch ({micro}) must be multiples of the "
+                    f"data x fsdp mesh size {ways}")
+  if r.prompts_per_step % procs or chunk % (procs * r.group_size):
+    problems.append(f"with {procs} processes, prompts_per_step and rollout.batch_size / group_size must be "
+                    "multiples of the process count")
+  if problems:
+    raise ConfigError("rollout/train batch sizes: " + "; ".join(problems))
+
+
+def connect_verifier(section: VerifierSection, run_dir: str) -> connect_lib.Connection:
+  spec = "local" if section.targets == ("local",) else ",".join(section.targets)
+  return connect_lib.connect(spec, connect_timeout_s=section.connect_timeout_s,
+                             request_timeout_s=section.request_timeout_s, max_in_flight=section.max_in_flight,
+                             auth_token_file=section.auth_token_file, local_cache_dir=section.local_cache_dir,
+                             local_log=os.path.join(run_dir, "verifier.log"))
+
+
+class Run:
+  """The built pieces of one run (a context manager: closes the checkpointer and the verifier)."""
+
+  def __init__(self, cfg: RLConfig, run_dir: str):
+    self.cfg, self.run_dir = cfg, run_dir
+    self.connection = None
+    self.checkpointer = None
+
+  def __enter__(self) -> Run:
+    try:
+      self._build()
+    except BaseException:
+      self.__exit__()
+      raise
+    return self
+
+  def __exit__(self, *exc) -> None:
+    if self.checkpointer is not None:
+      self.checkpointer.close()
+    if self.connection is not None:
+      self.connection.close()
+
+  def _build(self) -> None:
+    cfg = self.cfg
+    try:
+      self.mesh = sharding.make_mesh(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor)
+    except ValueError as e:
+      raise ConfigError(f"mesh: {e}") from None
+    _check_batch(cfg, self.mesh)
+    self.tokenizer, self.tokenizer_dir = model_setup.tokenizer_for(cfg.model, self.run_dir)
+    model_config = model_setup.model_config(cfg.model)
+    model_setup.check_compatible(model_config, self.tokenizer)
+    self.sampling = sampler_config(cfg, eos_ids_for(model_config.eos_token_id, self.tokenizer))
+    try:
+      self.spec = spec_for(model_config, self.sampling)
+    except ValueError as e:
+      raise ConfigError(f"rollout: {e}") from None
+    context = cfg.data.max_prompt_length + cfg.rollout.gen_length + self.spec.block_size
+    if context > model_config.max_position_embeddings:
+      raise ConfigError(f"data.max_prompt_length + rollout.gen_length (+ one block) = {context} exceeds the model's "
+                        f"max_position_embeddings={model_config.max_position_embeddings}")
+    self.book = PromptBook(cfg.data, self.tokenizer)
+    c = cfg.curriculum
+    self.stream = self.book.stream(cfg.data.phase1_files, cfg.data.phase2_files, need_phase1=c.phase1_steps != 0,
+                                   need_phase2=c.schedule == "metric" or c.phase1_steps < cfg.train.steps)
+    self.verify_options = pb.VerifyOptions(precision=PRECISIONS[cfg.verifier.precision],
+                                           num_correctness_trials=cfg.verifier.num_correctness_trials,
+                                           atol=cfg.verifier.atol, rtol=cfg.verifier.rtol,
+                                           skip_timing=cfg.verifier.skip_timing)
+    pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="verifier-start")
+    verifier = pool.submit(connect_verifier, cfg.verifier, self.run_dir)
+    pool.shutdown(wait=False)
+    try:
+      self._build_training(model_config)
+    except BaseException:
+      self.connection = _result_or_none(verifier)
+      raise
+    self.connection = verifier.result()
+
+  def _build_training(self, model_config) -> None:
+    cfg = self.cfg
+    tx, schedule = make_optimizer(cfg.optimizer, cfg.train.steps * cfg.train.num_minibatches)
+    self.graphdef, abstract_params, params_sharding = model_setup.abstract_params(model_config, self.mesh)
+    shardings = state_shardings(tx, params_sharding, abstract_params, self.mesh)
+    target = abstract_state(tx, abstract_params, shardings)
+    self.checkpointer = Checkpointer.from_config(cfg.checkpoint, self.run_dir)
+    compute = jnp.dtype(cfg.model.dtype)
+    needs_ref = cfg.algo.kl_beta > 0 and cfg.algo.kl_reference == "reference"
+    self.meta, self.ref_params = {}, None
+    if cfg.checkpoint.resume and self.checkpointer.latest_step() is not None:
+      try:
+        restored = self.checkpointer.restore(target, data_iterator=self.stream)
+      except ValueError as e:  # the data stream refuses a position from different data settings
+        raise CheckpointError(f"{self.checkpointer.directory}: {e}") from None
+      self.state, self.start, self.meta = restored.state, restored.step, restored.meta
+      log.info("resumed from %s at step %d", self.checkpointer.directory, self.start)
+      if needs_ref:
+        self.ref_params = cast_floating(model_setup.load_params(cfg.model, model_config, self.mesh), compute)
+    else:
+      params = model_setup.load_params(cfg.model, model_config, self.mesh)
+      if needs_ref:  # a copy: the train state takes (donates) `params`
+        self.ref_params = jax.tree.map(jnp.copy, cast_floating(params, compute))
+      self.state, self.start = create_train_state(params, tx, cfg.train.seed, shardings), 0
+    update_step = make_update_step(self.graphdef, self.spec, cfg.algo, tx, schedule,
+                                   group_size=cfg.rollout.group_size, num_minibatches=cfg.train.num_minibatches,
+                                   grad_accum_steps=cfg.train.grad_accum_steps, compute_dtype=compute)
+    batch_sharding = sharding.batch_sharding(self.mesh, 1)
+    self.compiled = compile_train_step(update_step, target, self._abstract_batch(batch_sharding), shardings,
+                                       batch_sharding, self.mesh)
+
+  def _abstract_batch(self, batch_sharding) -> dict[str, jax.ShapeDtypeStruct]:
+    cfg = self.cfg
+    rows, gen, width = cfg.rollout.prompts_per_step * cfg.rollout.group_size, cfg.rollout.gen_length, \
+        cfg.data.max_prompt_length
+    shapes = {"prompt": ((rows, width), jnp.int32), "prompt_lengths": ((rows,), jnp.int32),
+              "tokens": ((rows, gen), jnp.int32), "valid": ((rows, gen), jnp.bool_),
+              "commit_rank": ((rows, gen), jnp.int32), "old_logp": ((rows, gen), jnp.float32),
+              "ref_logp": ((rows, gen), jnp.float32), "rewards": ((rows,), jnp.float32),
+              "reward_valid": ((rows,), jnp.bool_), "score_keys": ((rows, 2), jnp.uint32)}
+    return {k: jax.ShapeDtypeStruct(*shapes[k], sharding=batch_sharding) for k in batch_keys(cfg.algo)}
+
+
+def _result_or_none(future: concurrent.futures.Future):
+  """The connection if starting it succeeded (so it can be closed), else None."""
+  try:
+    return future.result()
+  except Exception:  # pylint: disable=broad-except  (the build error is the one to report)
+    return None

@@ -1,0 +1,92 @@
+"""The pure jitted update step: on-policy ratio 1, gradient direction, and 8 fake devices == 1 device."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from dice_jax import sharding
+from dice_jax.model import transformer
+from dice_jax.model.config import ModelConfig
+from dice_jax.rl import logprobs
+from dice_jax.rl.config import AlgoSection
+from dice_jax.rl.scoring import ScoringSpec
+from dice_jax.rl.update import batch_keys, make_update_step
+from dice_jax.train.optim import OptimizerConfig, make_optimizer
+from dice_jax.train.step import compile_train_step
+from dice_jax.train.train_state import abstract_state, create_train_state, state_shardings
+
+CONFIG = ModelConfig(architecture="sdar", attention="block_causal", block_size=4, vocab_size=64, hidden_size=32,
+                     intermediate_size=64, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8,
+                     max_position_embeddings=64, mask_token_id=63, eos_token_id=1, pad_token_id=0)
+SPEC = ScoringSpec(family="block", block_size=4, steps_per_block=4, gen_length=8, mask_id=63, pad_id=0,
+                   temperature=1.0)
+GROUP, ROWS, WIDTH = 4, 16, 7
+
+
+def _batch(graphdef, params, algo: AlgoSection) -> dict:
+  """A rollout-shaped batch (random tokens and commit ranks), old log-probs scored under `params`."""
+  rng = np.random.default_rng(0)
+  lengths = rng.integers(2, WIDTH + 1, ROWS).astype(np.int32)
+  prompt = np.where(np.arange(WIDTH)[None] < lengths[:, None], rng.integers(2, 60, (ROWS, WIDTH)), 0)
+  tokens = rng.integers(2, 60, (ROWS, SPEC.gen_length)).astype(np.int32)
+  valid = np.arange(SPEC.gen_length)[None] < rng.integers(3, SPEC.gen_length + 1, ROWS)[:, None]
+  batch = dict(prompt=jnp.asarray(prompt, jnp.int32), prompt_lengths=jnp.asarray(lengths),
+               tokens=jnp.asarray(tokens), valid=jnp.asarray(valid),
+               commit_rank=jnp.asarray(rng.integers(0, 4, (ROWS, SPEC.gen_length)), jnp.int32),
+               score_keys=jax.random.key_data(jax.random.split(jax.random.key(1), ROWS)),
+               rewards=jnp.asarray(np.tile([1.0, 0.0, 0.5, 0.0], ROWS // GROUP), jnp.float32),
+               reward_valid=jnp.ones(ROWS, bool))
+  batch["old_logp"] = jax.jit(logprobs.policy_logprobs, static_argnums=(0, 2, 3))(
+      graphdef, params, SPEC, algo.logprob, batch)[0]
+  return {k: batch[k] for k in batch_keys(algo)}
+
+
+def _update(mesh, algo: AlgoSection, minibatches: int, lr: float = 1e-3):
+  """(new params, metrics, old params, batch) of one compiled update_step on `mesh`."""
+  model = transformer.init_model(CONFIG, mesh=mesh, seed=0)
+  graphdef, params = nnx.split(model)
+  tx, schedule = make_optimizer(OptimizerConfig(lr=lr, max_grad_norm=None), 10)
+  abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), params)
+  shardings = state_shardings(tx, jax.tree.map(lambda x: x.sharding, params), abstract, mesh)
+  before = jax.device_get(params)
+  batch = _batch(graphdef, params, algo)
+  row_sharding = sharding.batch_sharding(mesh, 1)
+  batch = jax.device_put(batch, row_sharding)
+  state = create_train_state(params, tx, 0, shardings)
+  step = make_update_step(graphdef, SPEC, algo, tx, schedule, group_size=GROUP, num_minibatches=minibatches,
+                          grad_accum_steps=1, compute_dtype=jnp.float32)
+  abstract_batch = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=row_sharding), batch)
+  compiled = compile_train_step(step, abstract_state(tx, abstract, shardings), abstract_batch, shardings,
+                                row_sharding, mesh)
+  state, metrics = compiled(state, batch)
+  return graphdef, jax.device_get(state.params), {k: float(v) for k, v in metrics.items()}, before, batch
+
+
+def test_on_policy_update_has_ratio_one_and_moves_logprobs_with_the_advantage():
+  mesh = transformer.single_device_mesh()
+  algo = AlgoSection(advantage="drgrpo", kl_beta=0.0)
+  graphdef, after, metrics, before, batch = _update(mesh, algo, minibatches=1, lr=3e-3)
+  assert metrics["ratio_mean"] == pytest.approx(1.0, abs=1e-6)
+  assert metrics["ratio_max"] == pytest.approx(1.0, abs=1e-6) and metrics["clip_frac"] == 0.0
+  assert metrics["kl"] == pytest.approx(0.0, abs=1e-7) and metrics["grad_norm"] > 0
+  score = jax.jit(logprobs.policy_logprobs, static_argnums=(0, 2, 3))
+  old = np.asarray(score(graphdef, before, SPEC, "trace", batch)[0])
+  new = np.asarray(score(graphdef, after, SPEC, "trace", batch)[0])
+  valid = np.asarray(batch["valid"])
+  change = ((new - old) * valid).sum(axis=1)
+  adv = np.tile([0.625, -0.375, 0.125, -0.375], ROWS // GROUP)  # rewards minus the group mean 0.375
+  assert np.all(change[adv > 0.5] > 0) and np.all(change[adv < 0] < 0)
+
+
+def test_sharded_update_on_8_devices_equals_one_device():
+  assert jax.device_count() == 8, "tests/conftest.py fakes 8 CPU devices"
+  algo = AlgoSection()
+  _, one, m1, _, _ = _update(transformer.single_device_mesh(), algo, minibatches=2)
+  _, eight, m8, _, _ = _update(sharding.make_mesh(1, 8, 1), algo, minibatches=2)
+  for key in ("loss", "kl", "ratio_mean", "grad_norm", "entropy", "adv/abs_mean"):
+    assert m8[key] == pytest.approx(m1[key], rel=1e-4, abs=1e-6), key
+  assert m1["kl"] > 0  # the second minibatch is off-policy
+  for a, b in zip(jax.tree.leaves(one), jax.tree.leaves(eight)):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=2e-6, rtol=1e-4)
