@@ -184,6 +184,8 @@ class WorkerPool:
   @classmethod
   def for_devices(cls, gpu_indices: list[int], slots_per_gpu: int, base_env: dict[str, str],
                   cpu_test_mode: bool = False) -> WorkerPool:
+    # OpenBLAS starts a thread pool when numpy loads; the worker must fork single-threaded.
+    base_env = dict(base_env, OPENBLAS_NUM_THREADS=base_env.get("OPENBLAS_NUM_THREADS", "1"))
     slots = []
     if cpu_test_mode:
       for s in range(slots_per_gpu):

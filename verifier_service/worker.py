@@ -95,10 +95,16 @@ def _tail(path: str) -> str:
 
 
 def serve(device: str, out: TextIO) -> None:
-  """Reads jobs from stdin until EOF, one forked child per job."""
+  """Reads jobs from stdin until EOF, one forked child per job.
+
+  This process must never initialise CUDA (nor call torch.cuda.is_available(), which poisons
+  fork on recent torch): every child creates its own context. It also stays single-threaded,
+  since fork() copies only the calling thread.
+  """
   import torch  # pylint: disable=import-outside-toplevel
   import verifier_service.runner  # pylint: disable=import-outside-toplevel,unused-import
-  _send(out, {"type": "ready", "pid": os.getpid(), "device": device,
+  threads = len(os.listdir("/proc/self/task")) if os.path.isdir("/proc/self/task") else 1
+  _send(out, {"type": "ready", "pid": os.getpid(), "device": device, "threads": threads,
               "torch_version": torch.__version__, "cuda_version": torch.version.cuda or ""})
   for line in sys.stdin:
     if not line.strip():

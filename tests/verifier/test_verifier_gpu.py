@@ -40,7 +40,11 @@ def gpu(cache_dir, toolchain):
   candidates = [kernels.cuda_candidate(), wrong.RUNTIME_DECOY, wrong.ILLEGAL_ADDRESS] + [
       c for _, c in wrong.WRONG.values()]
   extensions = [e for c in candidates for e in checks.check_candidate(c).extensions]
-  srv.call(asyncio.gather(*(srv.scheduler.compiler.build(e, 900) for e in extensions)))
+
+  async def build_all():
+    return await asyncio.gather(*(srv.scheduler.compiler.build(e, 900) for e in extensions))
+
+  srv.call(build_all())
   yield srv
   srv.stop()
 

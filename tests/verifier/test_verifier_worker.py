@@ -163,3 +163,15 @@ def test_reference_that_raises_is_bad_reference(cpu_server):
   verdict = cpu_server.stub().Verify(req, timeout=900)
   assert verdict.outcome == pb.BAD_REFERENCE
   assert "broken problem" in verdict.message
+
+
+def test_worker_processes_fork_single_threaded_without_cuda(cpu_server):
+  # fork() copies one thread; the worker must not have started others (or touched CUDA).
+  assert all(slot.info["threads"] == 1 for slot in cpu_server.scheduler.pool.slots)
+
+
+def test_torch_wrapping_its_own_functions_is_not_monkey_patching(cpu_server):
+  # Importing torch._dynamo (torch.compile users do) makes torch wrap torch.manual_seed itself.
+  candidate = "import torch._dynamo\n" + kernels.cpp_candidate("scaled_add")
+  verdict = verify(cpu_server, "dynamo", candidate=candidate)
+  assert verdict.outcome == pb.OK, verdict.message
