@@ -254,7 +254,7 @@ class RLConfig:
   distributed: DistributedConfig = dataclasses.field(default_factory=DistributedConfig)
   checkpoint: CheckpointConfig = dataclasses.field(default_factory=lambda: CheckpointConfig(every_steps=3, keep=2))
   logging: LoggingConfig = dataclasses.field(default_factory=lambda: LoggingConfig(
-      every_steps=1, console_metrics=("reward", "compile", "correct", "speedup", "kl", "wait_frac")))
+      every_steps=1, console_metrics=("reward", "compile", "correct", "speedup", "kl")))
 
   def __post_init__(self):
     require(self.curriculum.phase1_steps == 0 or bool(self.data.phase1_files), "curriculum.phase1_steps",

@@ -160,7 +160,8 @@ class _Loop:
       metrics |= {"timing/step_s": step_s, "timing/sample_s": current.sample_s, "timing/wait_s": wait_s,
                   "wait_frac": wait_s / step_s if step_s > 0 else 0.0}
       self._log(logger, metrics, current)
-      self.run.checkpointer.save(self.step, self.state, data_iterator=_Saved(data_state), force=stop,
+      self.run.checkpointer.save(self.step, self.state, data_iterator=_Saved(data_state),
+                                 force=stop or self.step == total,
                                  meta={"step": self.step, "curriculum": curriculum_state})
       if stop:
         return "stopped"
@@ -192,6 +193,8 @@ class _Loop:
     metrics = dict(metrics) | {
         "curriculum/phase2_share": n2 / (n1 + n2), "rollout/length_mean": float(current.lengths.mean()),
         "rollout/finished_frac": float(current.finished.mean())}
+    if current.logprob_mismatch is not None:
+      metrics["rollout/logprob_mismatch"] = current.logprob_mismatch
     self.history.append({"step": self.step, **metrics})
     logger.advance(self.step)
     if self.step % self.cfg.logging.every_steps == 0 or self.step == self.cfg.train.steps:

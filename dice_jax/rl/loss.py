@@ -66,7 +66,7 @@ def policy_loss(name: str, logp_BxG: jax.Array, old_logp_BxG: jax.Array, advanta
   n_valid = jnp.maximum(jnp.sum(valid), 1.0)
   metrics = {
       "pg_loss": pg_loss,
-      "kl": jnp.sum(kl * token_w) / counted,
+      "kl": jnp.sum(kl * valid) / n_valid,  # drift of every response, weighted or not
       "clip_frac": jnp.sum(clip_active * token_w) / counted,
       "ratio_mean": jnp.sum(ratio * valid) / n_valid,
       "ratio_max": jnp.max(jnp.where(mask_BxG, ratio, 1.0)),

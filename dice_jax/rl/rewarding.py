@@ -48,12 +48,15 @@ def _import(path: str, name: str):
   return fn
 
 
+def custom_components(section: RewardsSection) -> list[RewardComponent]:
+  """The config's `rewards.custom` functions, imported (a bad path fails here, before anything starts)."""
+  return [RewardComponent(name, _import(spec.fn, name), section.weights.get(name, spec.weight),
+                          section.normalize.get(name, spec.normalize)) for name, spec in section.custom.items()]
+
+
 def build_shaper(section: RewardsSection, has_gpu: bool, extra: Sequence[RewardComponent] = ()) -> RewardShaper:
   """The run's RewardShaper: preset (`auto` resolved against the verifier) + custom + `extra`."""
-  custom = []
-  for name, spec in section.custom.items():
-    custom.append(RewardComponent(name, _import(spec.fn, name), section.weights.get(name, spec.weight),
-                                  section.normalize.get(name, spec.normalize)))
+  custom = custom_components(section)
   try:
     base = defaults.RewardConfig(
         preset=resolve_preset(section, has_gpu),

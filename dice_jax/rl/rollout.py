@@ -52,6 +52,9 @@ class InFlight:
   lengths: np.ndarray  # global rows: valid response tokens
   finished: np.ndarray  # global rows: ended with EOS
   sample_s: float
+  # Mean |recomputed - sampler-recorded| old log-prob over valid tokens (algo.old_logprobs=recompute):
+  # the sampler/trainer numeric mismatch (bf16 cached decoding vs the training forward).
+  logprob_mismatch: float | None = None
 
 
 def item_columns(items: Sequence[dict[str, Any]], group_size: int) -> dict[str, list[Any]]:
@@ -115,19 +118,25 @@ class RolloutEngine:
         local = slice(c * self.local_chunk, (c + 1) * self.local_chunk)
         prompt, plen = self._put(ids[local]), self._put(lengths[local])
         rollout = generate(self.graphdef, params, prompt, plen, jax.random.fold_in(key, c), self.sampling)
-        keys = jax.random.key_data(jax.random.split(jax.random.fold_in(key, 1 << 20 | c), self.chunk))
+        keys = np.asarray(jax.random.key_data(jax.random.split(jax.random.fold_in(key, 1 << 20 | c), self.chunk)))
+        mine = slice(jax.process_index() * self.local_chunk, (jax.process_index() + 1) * self.local_chunk)
         part = {"prompt": prompt, "prompt_lengths": plen, "tokens": rollout.tokens, "valid": rollout.valid,
                 "commit_rank": rollout.commit_rank, "old_logp": rollout.logprobs,
-                "score_keys": jax.device_put(keys, self._row_sharding), "lengths": rollout.lengths,
+                "score_keys": self._put(keys[mine]), "lengths": rollout.lengths,
                 "finished": rollout.finished}
         if self.cfg.algo.old_logprobs == "recompute":
-          part["old_logp"] = self._score(params, self.spec, self.cfg.algo.logprob, part, self.cfg.algo.prompt_mask_prob)[0]
+          part["old_logp"] = self._score(params, self.spec, self.cfg.algo.logprob, part,
+                                         self.cfg.algo.prompt_mask_prob)[0]
+          part["mismatch"] = jnp.sum(jnp.abs(part["old_logp"] - rollout.logprobs) * rollout.valid)
         if self.ref_params is not None:
           part["ref_logp"] = self._score(self.ref_params, self.spec, self.cfg.algo.logprob, part,
                                          self.cfg.algo.prompt_mask_prob)[0]
         chunks.append(part)
-    batch = {k: jnp.concatenate([c[k] for c in chunks]) if len(chunks) > 1 else chunks[0][k] for k in chunks[0]}
+    batch = {k: jnp.concatenate([jnp.atleast_1d(c[k]) for c in chunks]) for k in chunks[0]}
     row_lengths, finished = batch.pop("lengths"), batch.pop("finished")
+    mismatch = None
+    if "mismatch" in batch:
+      mismatch = float(jnp.sum(batch.pop("mismatch"))) / max(float(jnp.sum(batch["valid"])), 1.0)
     tokens_np, lengths_np = _global_numpy(batch["tokens"]), _global_numpy(row_lengths)
     local_rows = np.concatenate([np.arange(self.rows)[self._local_rows(c)] for c in range(len(chunks))])
     completions = [self.tokenizer.decode(tokens_np[r, :lengths_np[r]], skip_special_tokens=True) for r in local_rows]
@@ -135,7 +144,7 @@ class RolloutEngine:
     future = submit_completions(self.client, completions, options=self.options, **item_columns(items, g))
     return InFlight(step=step, items=list(items), batch=batch, prompts=[p.text for p in prompts],
                     completions=completions, verdicts=future, lengths=lengths_np,
-                    finished=_global_numpy(finished), sample_s=sample_s)
+                    finished=_global_numpy(finished), sample_s=sample_s, logprob_mismatch=mismatch)
 
   def reward_array(self, local_values: np.ndarray, dtype) -> jax.Array:
     """A global [rows] array in the batch's row order from this process's per-row values."""

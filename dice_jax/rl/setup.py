@@ -23,6 +23,7 @@ from dice_jax import sharding
 from dice_jax.checkpoints import Checkpointer, CheckpointError
 from dice_jax.config import ConfigError
 from dice_jax.eval import connect as connect_lib
+from dice_jax.rl import rewarding
 from dice_jax.rl.config import RLConfig, VerifierSection
 from dice_jax.rl.data import PromptBook
 from dice_jax.rl.rollout import eos_ids_for, sampler_config
@@ -42,16 +43,17 @@ def _check_batch(cfg: RLConfig, mesh: jax.sharding.Mesh) -> None:
   r, t = cfg.rollout, cfg.train
   rows = r.prompts_per_step * r.group_size
   chunk = r.batch_size or rows
-  micro = rows // t.num_minibatches // t.grad_accum_steps
-  problems = []
-  if chunk % ways or micro % ways:
-    problems.append(f"rows per sampler call ({chunk}) and per micro-batch ({micro}) must be multiples of the "
-                    f"data x fsdp mesh size {ways}")
+  if chunk % ways:
+    raise ConfigError(f"rollout.batch_size: the rows per sampler call ({chunk}) must be a multiple of the data x "
+                      f"fsdp mesh size {ways}")
   if r.prompts_per_step % procs or chunk % (procs * r.group_size):
-    problems.append(f"with {procs} processes, prompts_per_step and rollout.batch_size / group_size must be "
-                    "multiples of the process count")
-  if problems:
-    raise ConfigError("rollout/train batch sizes: " + "; ".join(problems))
+    raise ConfigError(f"rollout: with {procs} processes, prompts_per_step and batch_size / group_size must be "
+                      "multiples of the process count")
+  micro = rows // t.num_minibatches // t.grad_accum_steps
+  if micro % ways:
+    log.warning("a micro-batch of %d rows does not split over the %d-way data x fsdp mesh: its activations are "
+                "replicated (fine for tiny runs; raise rows or lower train.num_minibatches/grad_accum_steps)",
+                micro, ways)
 
 
 def connect_verifier(section: VerifierSection, run_dir: str) -> connect_lib.Connection:
@@ -107,6 +109,7 @@ class Run:
     c = cfg.curriculum
     self.stream = self.book.stream(cfg.data.phase1_files, cfg.data.phase2_files, need_phase1=c.phase1_steps != 0,
                                    need_phase2=c.schedule == "metric" or c.phase1_steps < cfg.train.steps)
+    rewarding.custom_components(cfg.rewards)  # import user reward functions now: a typo fails in seconds
     self.verify_options = pb.VerifyOptions(precision=PRECISIONS[cfg.verifier.precision],
                                            num_correctness_trials=cfg.verifier.num_correctness_trials,
                                            atol=cfg.verifier.atol, rtol=cfg.verifier.rtol,

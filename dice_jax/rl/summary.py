@@ -3,7 +3,7 @@
 MetricsLogger prints every metric's first/last/min/max/mean when it closes; this is the short
 answer to "did it learn, and where did the time go": one row per curriculum phase (steps whose
 prompts were all phase 1, mixed, all phase 2) with mean reward, compile/correct rates, speedup,
-KL, entropy and the accelerator's share of time spent waiting on verdicts.
+KL and entropy; the caption gives the verifier and the share of step time spent waiting on verdicts.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from rich.table import Table
 
 SPEEDUPS_FILE = "speedups.jsonl"  # per step: the speedups of correct, timed kernels (for `dice plot`)
 _COLUMNS = (("reward", "reward"), ("compile", "compile"), ("correct", "correct"), ("speedup", "speedup"),
-            ("kl", "KL"), ("entropy", "entropy"), ("wait_frac", "wait"))
+            ("kl", "KL"), ("entropy", "entropy"))
 
 
 def _phase_of(record: dict) -> str:
@@ -32,7 +32,11 @@ def _mean(values: Sequence[float]) -> str:
 
 
 def summary_table(history: Sequence[dict], verifier: str = "") -> Table:
-  table = Table(title="dice train: means per curriculum phase", caption=f"verifier: {verifier}" if verifier else None)
+  waits = [r["wait_frac"] for r in history if "wait_frac" in r]
+  caption = [f"verifier: {verifier}"] if verifier else []
+  if waits:
+    caption.append(f"steps spent {100 * sum(waits) / len(waits):.1f}% of their time waiting on verdicts")
+  table = Table(title="dice train: means per curriculum phase", caption="\n".join(caption) or None)
   table.add_column("phase", no_wrap=True)
   table.add_column("steps", justify="right")
   for _, title in _COLUMNS:
@@ -40,7 +44,8 @@ def summary_table(history: Sequence[dict], verifier: str = "") -> Table:
   for phase in ("phase 1", "mixed", "phase 2"):
     rows = [r for r in history if _phase_of(r) == phase]
     if rows:
-      table.add_row(phase, f"{rows[0]['step']}-{rows[-1]['step']}",
+      first, last = rows[0]["step"], rows[-1]["step"]
+      table.add_row(phase, f"{first}-{last}" if last != first else str(first),
                     *(_mean([r[k] for r in rows if k in r]) for k, _ in _COLUMNS))
   return table
 
