@@ -14,9 +14,11 @@ import sys
 
 # Subcommand name -> module under dice_jax.cli. Order is the order shown in --help.
 COMMANDS = {
+    "train": "train",
     "sft": "sft",
     "eval": "eval",
     "generate": "generate",
+    "plot": "plot",
 }
 
 
