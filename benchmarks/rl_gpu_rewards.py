@@ -57,10 +57,13 @@ def main() -> int:
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--out", required=True, help="work directory (SFT and RL run directories go here)")
   parser.add_argument("--problems", type=int, default=6, help="bundled problems to learn (1-6)")
-  parser.add_argument("--hidden", type=int, default=256)
-  parser.add_argument("--layers", type=int, default=4)
-  parser.add_argument("--sft-steps", type=int, default=400)
+  parser.add_argument("--hidden", type=int, default=384)
+  parser.add_argument("--layers", type=int, default=6)
+  parser.add_argument("--sft-steps", type=int, default=800)
   parser.add_argument("--rl-steps", type=int, default=5, help="RL steps (the last one end to end)")
+  parser.add_argument("--sft-lr", type=float, default=3e-3)
+  parser.add_argument("--sft-max-length", type=int, default=2816, help="prompt + answer tokens (all 6 fit 2816)")
+  parser.add_argument("--temperature", type=float, default=0.7, help="rollout temperature (DICE: 1.0)")
   parser.add_argument("--dtype", default="bfloat16", help="compute dtype (float32 on CPU)")
   parser.add_argument("--verifier", default="local", help="`local` or HOST:PORT of a dice-verifier")
   args = parser.parse_args()
@@ -77,8 +80,8 @@ def main() -> int:
   t0 = time.perf_counter()
   sft = load_config(SFTConfig, None, [
       f"run_dir={out / 'sft'}", "model.tokenizer=builtin:bytes", f"model.init={json.dumps(init)}",
-      f"model.dtype={args.dtype}", f"data.train_files=[{out / 'sft.json'}]", "data.max_length=2816",
-      f"data.batch_size={count}", f"train.steps={args.sft_steps}", "optimizer.lr=3e-3", "optimizer.schedule=cosine",
+      f"model.dtype={args.dtype}", f"data.train_files=[{out / 'sft.json'}]", f"data.max_length={args.sft_max_length}",
+      f"data.batch_size={count}", f"train.steps={args.sft_steps}", f"optimizer.lr={args.sft_lr}", "optimizer.schedule=cosine",
       "optimizer.warmup_steps=20", "optimizer.min_lr_ratio=0.05", "checkpoint.every_steps=100000",
       "logging.every_steps=25"])
   result = run_sft(sft)
@@ -88,6 +91,7 @@ def main() -> int:
       f"run_dir={out / 'rl'}", f"model.path={result.hf_dir}", "model.init=null", "model.tokenizer=null",
       f"model.dtype={args.dtype}", "data.phase1_files=[bundled:tiny]", "data.phase2_files=[bundled:tiny]",
       "rollout.gen_length=1536", "rollout.prompts_per_step=2", "rollout.group_size=4",
+      f"rollout.temperature={args.temperature}",
       f"train.steps={args.rl_steps}", f"curriculum.phase1_steps={max(args.rl_steps - 1, 1)}",
       "optimizer.lr=1e-5", "checkpoint.every_steps=100000", f"verifier.targets=[{args.verifier}]",
       "verifier.request_timeout_s=600"])

@@ -72,7 +72,8 @@ def load(config_path: str | None, overrides: list[str]):
 def run(args: argparse.Namespace) -> int:
   logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                       stream=sys.stderr)
-  logging.getLogger("absl").setLevel(max(logging.WARNING, logging.getLevelName(args.log_level)))
+  for noisy in ("absl", "jax"):  # orbax's and JAX's start-up chatter (e.g. "no TPU backend")
+    logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLevelName(args.log_level)))
   from dice_jax.config import ConfigError, to_dict  # deferred: `dice --help` stays fast
 
   try:
@@ -116,6 +117,10 @@ def _train(cfg) -> int:
     print(f"dice train: checkpoint error: {e}", file=sys.stderr)
     return EXIT_CHECKPOINT
   print_summary(result)
+  if result.status == "done" and result.step == result.start_step:
+    print(f"dice train: {result.run_dir} had already finished its {result.step} steps; nothing to do (raise "
+          "train.steps=, or give another run_dir=)", file=sys.stderr)
+    return EXIT_OK
   if result.status == "done":
     where = f"; policy in Hugging Face layout: {result.hf_dir}" if result.hf_dir else ""
     print(f"dice train: done at step {result.step} in {result.run_dir}{where}", file=sys.stderr)

@@ -148,6 +148,11 @@ class Run:
       if needs_ref:  # a copy: the train state takes (donates) `params`
         self.ref_params = jax.tree.map(jnp.copy, cast_floating(params, compute))
       self.state, self.start = create_train_state(params, tx, cfg.train.seed, shardings), 0
+    self.compiled = None
+    if self.start >= cfg.train.steps:
+      log.warning("%s already holds step %d of train.steps=%d: nothing to train (raise train.steps, or use "
+                  "another run_dir)", self.checkpointer.directory, self.start, cfg.train.steps)
+      return
     update_step = make_update_step(self.graphdef, self.spec, cfg.algo, tx, schedule,
                                    group_size=cfg.rollout.group_size, num_minibatches=cfg.train.num_minibatches,
                                    grad_accum_steps=cfg.train.grad_accum_steps, compute_dtype=compute)

@@ -57,8 +57,9 @@ def print_summary(result, console: Console | None = None) -> None:
     return
   console.print(summary_table(result.history, result.verifier))
   if all(r.get("reward", 0.0) == 0.0 for r in result.history):
-    console.print("No response earned a reward (expected of a random model: none writes parseable code). "
-                  "Train from an SFT'd checkpoint (model.path=...) for real learning.", highlight=False)
+    console.print("No response earned any reward: no generation held code that parsed or compiled. Expected "
+                  "of a random or barely trained model (the tiny default); start from an SFT'd checkpoint "
+                  "(model.path=...) to learn.", highlight=False)
 
 
 def append_speedups(run_dir: str, step: int, speedups: Sequence[float]) -> None:
