@@ -81,7 +81,8 @@ def main() -> int:
   sft = load_config(SFTConfig, None, [
       f"run_dir={out / 'sft'}", "model.tokenizer=builtin:bytes", f"model.init={json.dumps(init)}",
       f"model.dtype={args.dtype}", f"data.train_files=[{out / 'sft.json'}]", f"data.max_length={args.sft_max_length}",
-      f"data.batch_size={count}", f"train.steps={args.sft_steps}", f"optimizer.lr={args.sft_lr}", "optimizer.schedule=cosine",
+      f"data.batch_size={count}", f"train.steps={args.sft_steps}", f"optimizer.lr={args.sft_lr}",
+      "optimizer.schedule=cosine",
       "optimizer.warmup_steps=20", "optimizer.min_lr_ratio=0.05", "checkpoint.every_steps=100000",
       "logging.every_steps=25"])
   result = run_sft(sft)

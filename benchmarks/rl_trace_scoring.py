@@ -75,7 +75,8 @@ def main() -> int:
     length = tokens.shape[1]
     explicit = masks.explicit(jnp.broadcast_to(masks.dense(mask, length, length), (rows, length, length)))
     model = nnx.merge(graphdef, p)
-    x = jnp.take_along_axis(scoring._hidden(model, tokens, explicit, positions), gather[..., None], axis=1)  # pylint: disable=protected-access
+    hidden = scoring._hidden(model, tokens, explicit, positions)  # pylint: disable=protected-access
+    x = jnp.take_along_axis(hidden, gather[..., None], axis=1)
     return jnp.sum(scoring._token_stats(model, x, batch["tokens"], 1.0)[0])  # pylint: disable=protected-access
 
   results = {}
