@@ -1,11 +1,8 @@
 """Stage 2: the verifier's own `load_inline` build path, fast and cached.
 
-What is built is exactly what `torch.utils.cpp_extension.load_inline` builds: the same `main.cpp`
-(`#include <torch/extension.h>`, the candidate's C++ sources, the generated PYBIND11_MODULE) and
-`cuda.cu` (torch's three implicit includes, then the CUDA sources), compiled with the flags torch's
-own ninja writer emits for this torch version (`torch_build_flags` runs that writer and reads the
-flags back), linked with torch's link line. Four things make it fast (measured in
-`benchmarks/verifier_compile.py`):
+What is built is exactly what `torch.utils.cpp_extension.load_inline` builds (buildspec.py: the
+same main.cpp and cuda.cu, the flags of torch's own ninja writer, torch's link line). Four things
+make it fast (measured in `benchmarks/verifier_compile.py`):
 
 1. Lighter CUDA translation unit: `#include <torch/extension.h>` in the CUDA sources is rewritten to
    `<torch/types.h>` (the C++ frontend and pybind11 are what make extension.h slow, and kernels
@@ -26,7 +23,6 @@ import asyncio
 import dataclasses
 import fcntl
 import hashlib
-import inspect
 import json
 import logging
 import os
@@ -38,27 +34,15 @@ import signal
 import tempfile
 import time
 
+from verifier_service import buildspec
 from verifier_service import singleflight
 from verifier_service import sources
 from verifier_service import toolchain as toolchain_lib
 
 log = logging.getLogger(__name__)
 
-_EXTENSION_H_RE = re.compile(r'^[ \t]*#[ \t]*include[ \t]*[<"]torch/extension\.h[>"]', re.M)
 _PCH_HEADER = "torch_extension_pch.h"
 _NAME_DEFINE_RE = re.compile(r"^-DTORCH_EXTENSION_NAME=")
-
-
-@dataclasses.dataclass(frozen=True)
-class BuildFlags:
-  """Compiler command pieces as torch's ninja writer emits them for one extension."""
-  cxx: tuple[str, ...]
-  nvcc: tuple[str, ...]
-  cflags: tuple[str, ...]
-  post_cflags: tuple[str, ...]
-  cuda_cflags: tuple[str, ...]
-  cuda_post_cflags: tuple[str, ...]
-  ldflags: tuple[str, ...]
 
 
 @dataclasses.dataclass
@@ -74,89 +58,6 @@ class BuildResult:
   pch_used: bool = False
   timed_out: bool = False
   duration_s: float = 0.0
-
-
-def render_sources(ext: sources.InlineExtension) -> tuple[str, str | None]:
-  """main.cpp and cuda.cu text, exactly as load_inline writes them."""
-  cpp = list(ext.cpp_sources)
-  if not ext.no_implicit_headers:
-    cpp.insert(0, "#include <torch/extension.h>")
-  if ext.functions is not None:
-    cpp.append("PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {")
-    for function, doc in ext.functions:
-      if ext.with_pytorch_error_handling:
-        cpp.append(f'm.def("{function}", torch::wrap_pybind_function({function}), "{doc}");')
-      else:
-        cpp.append(f'm.def("{function}", {function}, "{doc}");')
-    cpp.append("}")
-  if not ext.cuda_sources:
-    return "\n".join(cpp), None
-  cuda = list(ext.cuda_sources)
-  if not ext.no_implicit_headers:
-    cuda = ["#include <torch/types.h>", "#include <cuda.h>", "#include <cuda_runtime.h>"] + cuda
-  return "\n".join(cpp), "\n".join(cuda)
-
-
-def lighten(cuda_text: str) -> str | None:
-  """cuda.cu with torch/extension.h replaced by torch/types.h; None if it has no such include."""
-  light, count = _EXTENSION_H_RE.subn("#include <torch/types.h>", cuda_text)
-  return light if count else None
-
-
-def _call_with_supported(fn, **kwargs):
-  """Calls a torch-private function with only the keyword arguments its version accepts."""
-  params = inspect.signature(fn).parameters
-  return fn(**{k: v for k, v in kwargs.items() if k in params})
-
-
-def torch_build_flags(ext: sources.InlineExtension, with_cuda: bool,
-                      toolchain: toolchain_lib.Toolchain) -> BuildFlags:
-  """Runs torch's own ninja writer for `ext` in a scratch folder and reads the flags back.
-
-  torch reads CUDA_HOME once, when cpp_extension is first imported (possibly before toolchain
-  discovery), so the discovered root and arch list are put in place for the duration.
-  """
-  from torch.utils import cpp_extension  # pylint: disable=import-outside-toplevel
-  saved = cpp_extension.CUDA_HOME, os.environ.get("TORCH_CUDA_ARCH_LIST")
-  cpp_extension.CUDA_HOME = toolchain.cuda_root
-  os.environ["TORCH_CUDA_ARCH_LIST"] = toolchain.arch_list
-  try:
-    return _torch_build_flags(cpp_extension, ext, with_cuda)
-  finally:
-    cpp_extension.CUDA_HOME = saved[0]
-    if saved[1] is None:
-      os.environ.pop("TORCH_CUDA_ARCH_LIST", None)
-    else:
-      os.environ["TORCH_CUDA_ARCH_LIST"] = saved[1]
-
-
-def _torch_build_flags(cpp_extension, ext: sources.InlineExtension,
-                       with_cuda: bool) -> BuildFlags:
-  with tempfile.TemporaryDirectory(prefix="dice-flags-") as scratch:
-    srcs = [os.path.join(scratch, "main.cpp")]
-    if with_cuda:
-      srcs.append(os.path.join(scratch, "cuda.cu"))
-    ldflags = _call_with_supported(
-        cpp_extension._prepare_ldflags, extra_ldflags=list(ext.extra_ldflags),  # pylint: disable=protected-access
-        with_cuda=with_cuda, with_sycl=False, verbose=False, is_standalone=False)
-    path = os.path.join(scratch, "build.ninja")
-    _call_with_supported(
-        cpp_extension._write_ninja_file_to_build_library,  # pylint: disable=protected-access
-        path=path, name=ext.name, sources=srcs, extra_cflags=list(ext.extra_cflags),
-        extra_cuda_cflags=list(ext.extra_cuda_cflags), extra_sycl_cflags=[],
-        extra_ldflags=ldflags, extra_include_paths=list(ext.extra_include_paths),
-        with_cuda=with_cuda, with_sycl=False, is_python_module=True, is_standalone=False,
-        torch_exclude=False)
-    variables = {}
-    with open(path, encoding="utf-8") as f:
-      for line in f:
-        match = re.match(r"^(\w+) = (.*)$", line.rstrip("\n"))
-        if match:
-          variables[match.group(1)] = match.group(2)
-  split = lambda key: tuple(shlex.split(variables.get(key, "")))
-  return BuildFlags(cxx=split("cxx"), nvcc=split("nvcc"), cflags=split("cflags"),
-                    post_cflags=split("post_cflags"), cuda_cflags=split("cuda_cflags"),
-                    cuda_post_cflags=split("cuda_post_cflags"), ldflags=split("ldflags"))
 
 
 def _digest(*parts: object) -> str:
@@ -194,7 +95,7 @@ class Compiler:
     self.use_pch = use_pch
     self.light_headers = light_headers
     self._jobs = asyncio.Semaphore(max_jobs)
-    self._flags: dict[tuple, BuildFlags] = {}
+    self._flags: dict[tuple, buildspec.BuildFlags] = {}
     self._builds: singleflight.SingleFlight[BuildResult] = singleflight.SingleFlight()
     self._objects: singleflight.SingleFlight[str] = singleflight.SingleFlight()
     self._pch: dict[str, asyncio.Task[str | None]] = {}
@@ -205,16 +106,16 @@ class Compiler:
 
   # ------------------------------------------------------------------ public
 
-  def flags(self, ext: sources.InlineExtension) -> BuildFlags:
+  def flags(self, ext: sources.InlineExtension) -> buildspec.BuildFlags:
     with_cuda = bool(ext.cuda_sources) if ext.with_cuda is None else ext.with_cuda
     key = (ext.name, ext.extra_cflags, ext.extra_cuda_cflags, ext.extra_ldflags,
            ext.extra_include_paths, with_cuda)
     if key not in self._flags:
-      self._flags[key] = torch_build_flags(ext, with_cuda, self.toolchain)
+      self._flags[key] = buildspec.torch_build_flags(ext, with_cuda, self.toolchain)
     return self._flags[key]
 
   def build_key(self, ext: sources.InlineExtension) -> str:
-    main_text, cuda_text = render_sources(ext)
+    main_text, cuda_text = buildspec.render_sources(ext)
     return _digest("build", self.toolchain.fingerprint, dataclasses.asdict(self.flags(ext)),
                    ext.name, main_text, cuda_text)
 
@@ -284,7 +185,7 @@ class Compiler:
 
   async def _build(self, ext: sources.InlineExtension, key: str) -> BuildResult:
     flags = self.flags(ext)
-    main_text, cuda_text = render_sources(ext)
+    main_text, cuda_text = buildspec.render_sources(ext)
     want_pch = self.use_pch and not ext.no_implicit_headers and not ext.extra_cflags and not (
         ext.extra_include_paths)
     pch = None
@@ -299,7 +200,7 @@ class Compiler:
 
     cuda_cmd = list(flags.nvcc) + list(flags.cuda_cflags) + ["-c", "{src}", "-o", "{out}"] + list(
         flags.cuda_post_cflags)
-    light = lighten(cuda_text) if (cuda_text and self.light_headers) else None
+    light = buildspec.lighten(cuda_text) if (cuda_text and self.light_headers) else None
 
     async def cuda_object(allow_light: bool) -> tuple[str, bool]:
       if light is not None and allow_light:
@@ -380,7 +281,7 @@ class Compiler:
     finally:
       shutil.rmtree(work, ignore_errors=True)
 
-  async def _link(self, flags: BuildFlags, name: str, main_obj: str,
+  async def _link(self, flags: buildspec.BuildFlags, name: str, main_obj: str,
                   cuda_obj: str | None) -> str:
     objects = [main_obj] + ([cuda_obj] if cuda_obj else [])
     key = _digest("link", self.toolchain.fingerprint, name, objects, flags.ldflags)
@@ -408,7 +309,7 @@ class Compiler:
     except OSError:
       pass  # another process published the same content first
 
-  async def _ensure_pch(self, flags: BuildFlags) -> str | None:
+  async def _ensure_pch(self, flags: buildspec.BuildFlags) -> str | None:
     cflags = [f for f in flags.cflags if not _NAME_DEFINE_RE.match(f)]
     key = _digest("pch", self.toolchain.fingerprint, flags.cxx, cflags)
     header = self.cache_dir / "pch" / key / _PCH_HEADER

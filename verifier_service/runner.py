@@ -162,10 +162,6 @@ def run_job(job: dict[str, Any], emit: Callable[[dict[str, Any]], None]) -> dict
     # Imported here, in the child: importing it calls torch.cuda.is_available(), which must
     # never happen in the worker process that forks (see worker.py).
     from torch.utils import cpp_extension  # pylint: disable=import-outside-toplevel
-    if device.type == "cuda":
-      # The launch check's profiler imports torch._dynamo, which wraps torch.manual_seed:
-      # import it before the snapshot so that our own instrumentation is not flagged.
-      import torch._dynamo  # pylint: disable=import-outside-toplevel,unused-import
     guarded = _snapshot()
     if job.get("modules") is not None:  # None: the naive baseline, torch compiles itself
       _patch_load_inline(job["modules"])

@@ -10,6 +10,7 @@ import time
 
 import torch.utils.cpp_extension
 
+from verifier_service import buildspec
 from verifier_service import checks
 from verifier_service import compile as compile_lib
 
@@ -41,7 +42,7 @@ def test_sources_are_byte_identical_to_torch_load_inline(tmp_path, monkeypatch):
   torch.utils.cpp_extension.load_inline(
       name=ext.name, cpp_sources=list(ext.cpp_sources), cuda_sources=list(ext.cuda_sources),
       functions=[f for f, _ in ext.functions], build_directory=str(tmp_path))
-  main_cpp, cuda_cu = compile_lib.render_sources(ext)
+  main_cpp, cuda_cu = buildspec.render_sources(ext)
   assert written["main.cpp"] == main_cpp
   assert written["cuda.cu"] == cuda_cu
   assert written["name"] == ext.name
@@ -49,9 +50,9 @@ def test_sources_are_byte_identical_to_torch_load_inline(tmp_path, monkeypatch):
 
 def test_lighten_rewrites_only_the_extension_include():
   text = '#include <torch/extension.h>\n  # include "torch/extension.h"\n#include <cuda.h>\n'
-  assert compile_lib.lighten(text) == (
+  assert buildspec.lighten(text) == (
       '#include <torch/types.h>\n#include <torch/types.h>\n#include <cuda.h>\n')
-  assert compile_lib.lighten("#include <torch/types.h>\n") is None
+  assert buildspec.lighten("#include <torch/types.h>\n") is None
 
 
 def test_bound_log_keeps_head_and_tail():

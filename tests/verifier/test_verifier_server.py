@@ -176,6 +176,14 @@ def test_concurrent_clients(server):
       assert verdict.outcome == outcome, verdict.message
 
 
+def test_same_id_sent_concurrently_runs_once(server):
+  stub = server.stub()
+  with concurrent.futures.ThreadPoolExecutor(3) as pool:
+    futures = [pool.submit(stub.Verify, request("same-id"), timeout=900) for _ in range(3)]
+    blobs = {f.result().SerializeToString() for f in futures}
+  assert len(blobs) == 1  # one run, one verdict (total_s included)
+
+
 def test_stream_answers_every_request_by_id(server):
   requests = [request("s-good"), request("s-reject", "import torch\n"),
               pb.VerifyRequest(request_id="s-empty", reference_source=kernels.REFERENCE),
