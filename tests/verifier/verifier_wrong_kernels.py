@@ -87,7 +87,7 @@ WRONG = {
          "out.data_ptr<float>()": "out.data_ptr<double>()"}, "wk_dtype")),
     "transposed_index": (kernels.REFERENCE, _scaled_add(
         {"out[i] = (a[i] + b[i]) * s;":
-         "int j = (i % 33) * 64 + i / 33; out[i] = (a[j] + b[j]) * s;"}, "wk_transpose")),
+         "{ int j = (i % 33) * 64 + i / 33; out[i] = (a[j] + b[j]) * s; }"}, "wk_transpose")),
     "writes_into_input": (kernels.REFERENCE, _scaled_add(
         {"auto out = torch::empty_like(a);": "auto out = a;"}, "wk_inplace")),
 }
