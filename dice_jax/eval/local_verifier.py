@@ -31,6 +31,20 @@ class LocalVerifierError(RuntimeError):
   """The local verifier could not be started."""
 
 
+def _die_with_parent() -> None:
+  """Runs in the child before exec: SIGTERM it when the process that started it dies (even by
+  SIGKILL, which skips every cleanup of ours). Linux only; elsewhere the atexit hook must do.
+
+  Linux ties this to the starting *thread*: start the server from a thread that outlives it.
+  """
+  if not sys.platform.startswith("linux"):
+    return
+  import ctypes  # pylint: disable=import-outside-toplevel
+
+  pr_set_pdeathsig = 1
+  ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+
+
 def free_port() -> int:
   with socket.socket() as s:
     s.bind(("127.0.0.1", 0))
@@ -79,7 +93,8 @@ class LocalVerifier:
       port = free_port()
       with open(self.log_path, "ab") as log:
         self._proc = subprocess.Popen(self._command(port), stdout=log, stderr=subprocess.STDOUT,
-                                      stdin=subprocess.DEVNULL, start_new_session=True)
+                                      stdin=subprocess.DEVNULL, start_new_session=True,
+                                      preexec_fn=_die_with_parent)
       if self._wait_ready(f"127.0.0.1:{port}"):
         self.target = f"127.0.0.1:{port}"
         atexit.register(self.stop)  # a last resort if the caller's own cleanup never runs

@@ -117,6 +117,9 @@ def test_sigkill_and_resume_continue_identically(workdir, first_run):
     children = psutil.Process(proc.pid).children(recursive=True)  # the verifier it started
     proc.send_signal(signal.SIGKILL)
     proc.wait()
+    # The loopback verifier must not outlive a trainer killed without any chance to clean up.
+    _, alive = psutil.wait_procs(children, timeout=60)
+    assert not alive, f"orphaned after SIGKILL of the trainer: {alive}"
   finally:
     for child in children if "children" in dir() else []:
       try:
