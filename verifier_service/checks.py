@@ -1,8 +1,11 @@
 """Static checks (stage 1): milliseconds of `ast` work that refuse hopeless requests early.
 
 A reference that cannot be used is BAD_REFERENCE (not the candidate's fault). A candidate is
-REJECTED, with one clear reason, when it is not Python, defines no `ModelNew`, subclasses the
-reference `Model`, never calls `load_inline`, passes it arguments we cannot resolve without running
+REJECTED, with one clear reason, when it is not Python, defines no `ModelNew`, subclasses or uses
+the reference `Model` (INHERITS_REFERENCE), catches an exception inside a function and then
+computes with torch or the reference instead, or carries on after its custom op failed
+(TRY_EXCEPT_FALLBACK), computes through another kernel runtime (Triton, CuPy, Numba, torch.compile:
+TORCH_FALLBACK), never calls `load_inline`, passes it arguments we cannot resolve without running
 it, or compiles no CUDA `__global__` kernel that is launched anywhere (decoy kernels).
 
 `allow_cpu_only` exists for the worker's CPU test mode (see `worker.py`): there a candidate whose
@@ -73,10 +76,145 @@ def check_reference(reference: str) -> StaticReport | None:
   return None
 
 
-def _inherits_model(node: ast.AST) -> bool:
-  if not isinstance(node, ast.ClassDef):
-    return False
-  return any(isinstance(b, ast.Name) and b.id == "Model" for b in node.bases)
+def _inherits_model(node: ast.AST, names: dict[str, ast.AST]) -> bool:
+  """ModelNew's bases reach a class named Model (directly or through classes of this module)."""
+  seen: set[str] = set()
+  stack = [node]
+  while stack:
+    current = stack.pop()
+    if not isinstance(current, ast.ClassDef) or current.name in seen:
+      continue
+    seen.add(current.name)
+    for base in current.bases:
+      if isinstance(base, ast.Name) and base.id == "Model":
+        return True
+      if isinstance(base, ast.Name) and base.id in names:
+        stack.append(names[base.id])
+  return False
+
+
+def _reference_uses(tree: ast.Module, model_new: ast.AST) -> list[str]:
+  """Uses of the reference inside ModelNew, or reaching for the reference's module anywhere."""
+  found = []
+  for node in ast.walk(model_new):
+    if isinstance(node, ast.Name) and node.id == "Model" and isinstance(node.ctx, ast.Load):
+      found.append(f"ModelNew uses Model (line {node.lineno})")
+  for node in ast.walk(tree):
+    if isinstance(node, ast.Constant) and node.value == "dice_reference" or (
+        isinstance(node, ast.alias) and node.name.split(".")[0] == "dice_reference"):
+      found.append(f"reaches for the reference module (line {getattr(node, 'lineno', '?')})")
+  return found[:4]
+
+
+_TORCH_ROOTS = ("torch", "nn", "F")
+_GLUE_CALLS = frozenset("""
+empty empty_like zeros zeros_like ones ones_like full full_like arange tensor as_tensor
+from_numpy view reshape contiguous clone to cuda cpu float half double bfloat16 int long size
+dim numel stride is_contiguous unsqueeze squeeze flatten permute transpose t expand cat stack
+device dtype Size Tensor item detach chunk split narrow new_empty new_zeros
+""".split())
+
+
+_COMPUTE_METHODS = frozenset("""
+relu matmul mm bmm addmm softmax log_softmax sum mean max min exp log sigmoid tanh conv1d conv2d
+conv3d linear mul add sub div pow sqrt rsqrt norm clamp gelu silu einsum layer_norm batch_norm
+group_norm argmax argmin cumsum prod var std abs neg sort topk
+""".split())
+
+
+def _call_name(func: ast.AST) -> str:
+  try:
+    return ast.unparse(func)
+  except Exception:  # pylint: disable=broad-except
+    return ""
+
+
+def _falls_back(handler: ast.ExceptHandler) -> bool:
+  return not (handler.body and isinstance(handler.body[-1], ast.Raise))
+
+
+def _compute_call(call: ast.Call, torch_names: set[str]) -> str:
+  """The torch/nn/reference call in `call` that computes values, or ""."""
+  name = _call_name(call.func)
+  root, _, last = name.partition(".")
+  leaf = name.rsplit(".", 1)[-1]
+  if root in torch_names and leaf not in _GLUE_CALLS:
+    return name
+  if isinstance(call.func, ast.Attribute) and leaf in _COMPUTE_METHODS:
+    return name
+  if name in ("Model", "super().forward") or leaf == "forward":
+    return name
+  return ""
+
+
+def _try_fallbacks(tree: ast.Module, ext_names: set[str], torch_names: set[str]) -> list[str]:
+  """try/except inside functions whose handler computes another way (TRY_EXCEPT_FALLBACK)."""
+  found = []
+  for func in ast.walk(tree):
+    if not isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)):
+      continue
+    for node in ast.walk(func):
+      if not isinstance(node, ast.Try):
+        continue
+      for handler in node.handlers:
+        if not _falls_back(handler):
+          continue
+        computes = [c for s in handler.body for n in ast.walk(s) if isinstance(n, ast.Call)
+                    for c in [_compute_call(n, torch_names)] if c]
+        calls_ext = any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and (
+            _call_name(n.func.value).rsplit(".", 1)[-1] in ext_names)
+                        for s in node.body for n in ast.walk(s))
+        if computes:
+          found.append(f"line {handler.lineno}: except handler in {func.name}() computes with "
+                       f"{', '.join(sorted(set(computes))[:3])}")
+        elif calls_ext:
+          found.append(f"line {handler.lineno}: {func.name}() catches a failure of its custom "
+                       "op and carries on without it")
+  return found[:4]
+
+
+# Kernel runtimes other than the candidate's own load_inline CUDA: work done through them is not
+# the candidate's kernel (and slips past the dispatcher, which only sees ATen ops).
+_OTHER_RUNTIMES = frozenset({"triton", "cupy", "numba", "pycuda", "jax", "tensorflow", "tvm",
+                             "taichi", "warp", "cuda", "cutlass"})
+
+
+def _other_runtimes(tree: ast.Module) -> list[str]:
+  found = []
+  for node in ast.walk(tree):
+    if isinstance(node, ast.Import):
+      found += [a.name for a in node.names if a.name.split(".")[0] in _OTHER_RUNTIMES]
+    elif isinstance(node, ast.ImportFrom) and node.module and (
+        node.module.split(".")[0] in _OTHER_RUNTIMES) and node.level == 0:
+      found.append(node.module)
+    elif isinstance(node, ast.Call) and _call_name(node.func) in ("torch.compile",
+                                                                   "torch.jit.script"):
+      found.append(_call_name(node.func))
+  return found
+
+
+def _names_bound_to(tree: ast.Module, predicate) -> set[str]:
+  names = set()
+  for node in ast.walk(tree):
+    if isinstance(node, ast.Assign) and predicate(node.value):
+      for target in node.targets:
+        if isinstance(target, ast.Name):
+          names.add(target.id)
+        elif isinstance(target, ast.Attribute):
+          names.add(target.attr)
+  return names
+
+
+def _torch_names(tree: ast.Module) -> set[str]:
+  names = set(_TORCH_ROOTS)
+  for node in ast.walk(tree):
+    if isinstance(node, (ast.Import, ast.ImportFrom)):
+      module = getattr(node, "module", None) or ""
+      for alias in node.names:
+        full = f"{module}.{alias.name}" if module else alias.name
+        if full.split(".")[0] == "torch":
+          names.add((alias.asname or alias.name).split(".")[0])
+  return names
 
 
 def check_candidate(candidate: str, allow_cpu_only: bool = False) -> StaticReport:
@@ -87,9 +225,24 @@ def check_candidate(candidate: str, allow_cpu_only: bool = False) -> StaticRepor
   names = _module_names(tree)
   if "ModelNew" not in names:
     return StaticReport("REJECTED", message="candidate does not define ModelNew")
-  if _inherits_model(names["ModelNew"]):
+  if _inherits_model(names["ModelNew"], names):
     return StaticReport("REJECTED", message="ModelNew subclasses the reference Model",
                         exploits=[("INHERITS_REFERENCE", "class ModelNew(Model)")])
+  uses = _reference_uses(tree, names["ModelNew"])
+  if uses:
+    return StaticReport("REJECTED", message=f"candidate uses the reference: {uses[0]}",
+                        exploits=[("INHERITS_REFERENCE", u) for u in uses])
+  runtimes = _other_runtimes(tree)
+  if runtimes:
+    return StaticReport("REJECTED", message=f"candidate computes through another kernel runtime: "
+                        f"{', '.join(runtimes[:3])}; its work must be its own load_inline CUDA",
+                        exploits=[("TORCH_FALLBACK", f"uses {r}") for r in runtimes[:3]])
+  ext_names = _names_bound_to(tree, lambda v: isinstance(v, ast.Call) and _call_name(
+      v.func).rsplit(".", 1)[-1] in sources.load_inline_aliases(tree))
+  fallbacks = _try_fallbacks(tree, ext_names, _torch_names(tree))
+  if fallbacks:
+    return StaticReport("REJECTED", message=f"try/except fallback: {fallbacks[0]}",
+                        exploits=[("TRY_EXCEPT_FALLBACK", f) for f in fallbacks])
   calls = sources.find_load_inline_calls(tree)
   if not calls:
     return StaticReport("REJECTED", message="candidate never calls load_inline: no custom kernel")

@@ -69,6 +69,21 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
                       help="DEVELOPMENT ONLY: run candidates whose load_inline has only C++ "
                            "sources on CPU workers (exercises the worker without a GPU; proves "
                            "nothing about CUDA kernels)")
+  parser.add_argument("--no-sandbox", action="store_true",
+                      help="DEBUGGING ONLY: run candidates without the sandbox (namespaces, "
+                           "uid drop, Landlock, seccomp, rlimits)")
+  parser.add_argument("--sandbox-strict", action="store_true",
+                      help="refuse to run candidates when a sandbox layer is unavailable on "
+                           "this host (default: run with the layers that work, and log the rest)")
+  parser.add_argument("--sandbox-uid-base", type=int, default=defaults.sandbox_uid_base,
+                      help="as root, worker slot k runs candidates as uid/gid BASE+k "
+                           "(default %(default)s)")
+  parser.add_argument("--sandbox-memory", type=int, default=0, metavar="BYTES",
+                      help="host memory (RLIMIT_DATA) per candidate; default: physical memory / "
+                           "(2 x slots), at most 32 GiB")
+  parser.add_argument("--gpu-memory-fraction", type=float, default=0.0,
+                      help="CUDA allocator cap per candidate as a fraction of the GPU; default "
+                           "0.9 / --slots-per-gpu")
   parser.add_argument("--log-level", default="WARNING",
                       help="DEBUG, INFO, WARNING or ERROR (default %(default)s)")
   parser.add_argument("--plain-logs", action="store_true",
@@ -80,7 +95,10 @@ def _config(args: argparse.Namespace, **extra) -> config_lib.ServerConfig:
       gpus=args.gpus, slots_per_gpu=args.slots_per_gpu, compile_workers=args.compile_workers,
       cache_dir=args.cache_dir, compile_timeout_s=args.compile_timeout,
       run_timeout_s=args.run_timeout, use_pch=not args.no_pch,
-      light_headers=not args.no_light_headers, cpu_test_mode=args.cpu_test_mode, **extra)
+      light_headers=not args.no_light_headers, cpu_test_mode=args.cpu_test_mode,
+      sandbox=not args.no_sandbox, sandbox_strict=args.sandbox_strict,
+      sandbox_uid_base=args.sandbox_uid_base, sandbox_memory_bytes=args.sandbox_memory,
+      gpu_memory_fraction=args.gpu_memory_fraction, **extra)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -101,8 +119,16 @@ def build_parser() -> argparse.ArgumentParser:
   serve.add_argument("--auth-token-file", type=pathlib.Path, default=None,
                      help="file holding a bearer token clients must send as "
                           "'authorization: Bearer <token>'; required beyond loopback")
-  serve.add_argument("--insecure", action="store_true",
-                     help="allow listening beyond loopback without a token")
+  serve.add_argument("--tls-cert", type=pathlib.Path, default=None,
+                     help="PEM certificate chain the server presents (mTLS; with --tls-key and "
+                          "--tls-client-ca)")
+  serve.add_argument("--tls-key", type=pathlib.Path, default=None,
+                     help="PEM private key of --tls-cert")
+  serve.add_argument("--tls-client-ca", type=pathlib.Path, default=None,
+                     help="PEM CA certificate(s); only clients with a certificate it signed may "
+                          "connect")
+  serve.add_argument("--insecure-public", "--insecure", dest="insecure", action="store_true",
+                     help="allow listening beyond loopback with neither a token nor mTLS")
   serve.add_argument("--metrics-port", type=int, default=None,
                      help="serve Prometheus metrics over HTTP on this port")
   _add_common(serve)
@@ -222,7 +248,8 @@ def main(argv: list[str] | None = None) -> int:
       if not token:
         return _usage_error(f"{args.auth_token_file} is empty")
     config = _config(args, listen=args.listen, queue_capacity=args.queue_capacity,
-                     auth_token=token, metrics_port=args.metrics_port)
+                     auth_token=token, metrics_port=args.metrics_port, tls_cert=args.tls_cert,
+                     tls_key=args.tls_key, tls_client_ca=args.tls_client_ca)
     try:
       asyncio.run(server.serve(config, insecure=args.insecure))
     except ValueError as e:

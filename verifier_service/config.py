@@ -44,6 +44,35 @@ class ServerConfig:
   cpu_test_mode: bool = False  # development only: run C++-only candidates on CPU workers
   auth_token: str | None = None
   metrics_port: int | None = None
+  # mTLS: the server's certificate chain and key (PEM), and the CA that signs client certificates.
+  tls_cert: pathlib.Path | None = None
+  tls_key: pathlib.Path | None = None
+  tls_client_ca: pathlib.Path | None = None
+  # Sandbox of the job children (sandbox.py).
+  sandbox: bool = True  # False only for debugging the verifier itself (--no-sandbox)
+  sandbox_strict: bool = False  # refuse to run candidates when a layer is unavailable
+  sandbox_uid_base: int = 61000  # as root, slot k's children run as uid/gid base + k
+  sandbox_memory_bytes: int = 0  # RLIMIT_DATA; 0: physical memory / (2 x slots), <= 32 GiB
+  sandbox_file_bytes: int = 256 << 20  # RLIMIT_FSIZE
+  gpu_memory_fraction: float = 0.0  # per-process CUDA allocator cap; 0: 0.9 / slots_per_gpu
+  verdict_store_size: int = 100_000  # verdicts kept on disk (by request id) across restarts
+
+  @property
+  def tls(self) -> bool:
+    return self.tls_cert is not None
+
+  def sandbox_spec(self, cuda_root: str) -> dict[str, Any]:
+    """What each worker passes to `sandbox.Policy` (plus the CUDA allocator cap)."""
+    slots = max(1, self.slots_per_gpu)
+    memory = self.sandbox_memory_bytes
+    if memory <= 0:
+      physical = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+      memory = min(32 << 30, max(2 << 30, physical // (2 * slots)))
+    return {"enabled": self.sandbox, "strict": self.sandbox_strict,
+            "uid_base": self.sandbox_uid_base, "memory_bytes": memory,
+            "cpu_s": int(2 * self.max_run_timeout_s + 60), "file_bytes": self.sandbox_file_bytes,
+            "gpu_memory_fraction": self.gpu_memory_fraction or 0.9 / slots,
+            "read_only": [cuda_root] if cuda_root else []}
 
 
 def _precision_name(value: int) -> str:

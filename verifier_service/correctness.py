@@ -6,10 +6,12 @@ Semantics (KernelBench's, tightened where it can be fooled):
   that creates its parameters in another order is still compared on identical weights.
 - Modules stay in their default mode (training), as KernelBench leaves them, and every forward runs
   under `torch.no_grad()`, as KernelBench does.
-- Each side gets its own clone of the inputs. The reference runs first and its outputs stay alive
-  while the candidate runs, so the caching allocator cannot hand the reference's result to a
-  candidate that returns uninitialised memory; the allocator is also primed with NaN-filled blocks
-  of the outputs' sizes ("poisoning") so such a candidate reads NaN, not stale data.
+- Each side gets its own clone of the inputs. The candidate runs FIRST: the reference's output
+  for these inputs does not exist yet, so it cannot be read, returned or inherited from the
+  caching allocator. Reference outputs are NaN-filled once compared, and before each candidate
+  call the allocator is primed with NaN-filled blocks of the outputs' sizes ("poisoning"), so a
+  candidate that returns uninitialised memory reads NaN or stale values, never a right result. Outputs sharing memory with the inputs (where the reference's do not) or with
+  live reference tensors are OUTPUT_REUSE.
 - After the call the candidate's inputs must equal the reference's inputs after its call (a
   reference that works in place may be matched; a candidate may not mutate otherwise).
 - Outputs: same structure, exactly `torch.Tensor` (no subclasses), same shape and dtype, NaN
@@ -20,10 +22,11 @@ Semantics (KernelBench's, tightened where it can be fooled):
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import random
-from typing import Any, Callable
+from typing import Any, Callable, ContextManager
 
 import numpy as np
 import torch
@@ -48,6 +51,7 @@ class Trial:
   max_rel_error: float = 0.0
   message: str = ""
   exploits: list[tuple[str, str]] = dataclasses.field(default_factory=list)
+  output_sizes: list[int] = dataclasses.field(default_factory=list)
 
   def to_json(self) -> dict[str, Any]:
     return {"seed": self.seed, "passed": self.passed, "max_abs_error": self.max_abs_error,
@@ -108,14 +112,51 @@ def copy_matching_state(reference: torch.nn.Module, candidate: torch.nn.Module) 
   return len(shared)
 
 
-def poison_allocator(outputs: list[Any], device: torch.device) -> None:
-  """Leaves NaN-filled blocks of the outputs' sizes in the caching allocator's free lists."""
-  blocks = []
-  for out in outputs:
-    if isinstance(out, torch.Tensor) and out.numel() > 0:
-      count = (out.numel() * out.element_size() + 3) // 4
-      blocks.append(torch.full((count,), float("nan"), dtype=torch.float32, device=device))
+def output_sizes(outputs: Any) -> list[int]:
+  """Byte sizes of the tensors in an output tree (what `poison_allocator` primes)."""
+  return [t.numel() * t.element_size() for t in flatten(outputs)
+          if isinstance(t, torch.Tensor) and t.numel() > 0]
+
+
+def poison_allocator(sizes: list[int], device: torch.device) -> None:
+  """Leaves NaN-filled blocks of these byte sizes in the caching allocator's free lists."""
+  blocks = [torch.full(((n + 3) // 4,), float("nan"), dtype=torch.float32, device=device)
+            for n in sizes]
   del blocks
+
+
+def scrub(tree: Any, keep: list[Any]) -> None:
+  """NaN-fills reference outputs once read (not memory in `keep`, the reference's own weights),
+  so no later allocation can hand their values to a candidate."""
+  owned = _spans(keep)
+  for t in flatten(tree):
+    if isinstance(t, torch.Tensor) and t.is_floating_point() and not _overlap(_spans(t), owned):
+      t.fill_(float("nan"))
+
+
+def _spans(tree: Any) -> list[tuple[int, int]]:
+  spans = []
+  for t in flatten(tree):
+    if isinstance(t, torch.Tensor) and t.untyped_storage().nbytes():
+      start = t.untyped_storage().data_ptr()
+      spans.append((start, start + t.untyped_storage().nbytes()))
+  return spans
+
+
+def _overlap(a: list[tuple[int, int]], b: list[tuple[int, int]]) -> bool:
+  return any(s < e2 and s2 < e for s, e in a for s2, e2 in b)
+
+
+def output_aliases(cand_out: Any, cand_inputs: Any, ref_out: Any, ref_inputs: Any,
+                   live_reference: list[Any]) -> list[tuple[str, str]]:
+  """OUTPUT_REUSE findings for one call's outputs."""
+  found, out_spans = [], _spans(cand_out)
+  if _overlap(out_spans, _spans(cand_inputs)) and not _overlap(_spans(ref_out),
+                                                                  _spans(ref_inputs)):
+    found.append(("OUTPUT_REUSE", "returned memory of its own inputs; the reference does not"))
+  if any(_overlap(out_spans, _spans(tree)) for tree in live_reference):
+    found.append(("OUTPUT_REUSE", "returned memory that belongs to the reference"))
+  return found
 
 
 def _compare_tensor(index: int, ref: torch.Tensor, cand: Any, atol: float,
@@ -193,34 +234,50 @@ def compare(reference: Any, candidate: Any, atol: float, rtol: float,
 def run_trial(reference: torch.nn.Module, candidate: torch.nn.Module,
               get_inputs: Callable[[], Any], seed: int, device: torch.device,
               dtype: torch.dtype | None, atol: float, rtol: float,
-              synchronize: Callable[[], None]) -> Trial:
-  """One trial; raises ReferenceFailure or CandidateFailure when a side raises."""
+              synchronize: Callable[[], None],
+              observe: Callable[[], ContextManager[Any]] = contextlib.nullcontext,
+              poison: list[int] | None = None, live_reference: list[Any] | None = None) -> Trial:
+  """One trial, candidate first; raises ReferenceFailure or CandidateFailure when a side raises.
+
+  `observe()` wraps the candidate's call (the runner's op recorder and tracer); `poison` are the
+  byte sizes to prime the allocator with; `live_reference` are reference tensors (parameters,
+  buffers) the candidate's outputs must not share memory with.
+  """
   set_seed(seed)
   try:
     inputs = to_device(get_inputs(), device, dtype)
   except Exception as e:  # pylint: disable=broad-except
     raise ReferenceFailure(f"get_inputs() raised {type(e).__name__}: {e}") from e
   ref_inputs, cand_inputs = clone_tree(inputs), clone_tree(inputs)
+  del inputs
   with torch.no_grad():
+    poison_allocator(poison or [], device)
+    set_seed(seed)
+    try:
+      with observe():
+        cand_out = candidate(*cand_inputs)
+      synchronize()
+    except Exception as e:  # pylint: disable=broad-except
+      raise CandidateFailure(f"ModelNew forward raised {type(e).__name__}: {e}") from e
     set_seed(seed)
     try:
       ref_out = reference(*ref_inputs)
       synchronize()
     except Exception as e:  # pylint: disable=broad-except
       raise ReferenceFailure(f"reference forward raised {type(e).__name__}: {e}") from e
-    poison_allocator(flatten(ref_out), device)
-    set_seed(seed)
-    try:
-      cand_out = candidate(*cand_inputs)
-      synchronize()
-    except Exception as e:  # pylint: disable=broad-except
-      raise CandidateFailure(f"ModelNew forward raised {type(e).__name__}: {e}") from e
   ok, max_abs, max_rel, message, exploits = compare(ref_out, cand_out, atol, rtol)
   trial = Trial(seed, ok, max_abs, max_rel, message, exploits)
-  if ok:
-    same, _, _, why, _ = compare(ref_inputs, cand_inputs, atol, rtol, what="input")
-    if not same:
+  same, _, _, why, _ = compare(ref_inputs, cand_inputs, atol, rtol, what="input")
+  if not same:
+    trial.exploits.append(("INPUT_MUTATION", why))
+    if ok:
       trial.passed = False
       trial.message = f"ModelNew modified its inputs: {why}"
-      trial.exploits.append(("INPUT_MUTATION", why))
+  # Returning a mutated input is the mutation's symptom (INCORRECT), not a separate exploit.
+  trial.exploits += [f for f in output_aliases(cand_out, cand_inputs, ref_out, ref_inputs,
+                                               live_reference or [])
+                     if same or "own inputs" not in f[1]]
+  trial.output_sizes = output_sizes(ref_out)
+  with torch.no_grad():
+    scrub(ref_out, (live_reference or []) + [ref_inputs])
   return trial

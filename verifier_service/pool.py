@@ -6,9 +6,17 @@ stops answering. What it returns is a Verdict-shaped dict (see `runner.run_job`)
 child could not report itself are classified here:
 
   - time limit hit                      TIMEOUT (exploit HANG) in the stage the child was in
-  - child killed by a signal            RUNTIME_ERROR (exploit CRASH) with the log tail
+  - child killed by SIGXCPU / SIGXFSZ   RUNTIME_ERROR (RESOURCE_EXHAUSTION: CPU time / file size)
+  - child killed by SIGKILL (not us)    RUNTIME_ERROR (RESOURCE_EXHAUSTION: the kernel's OOM killer)
+  - child killed by another signal      RUNTIME_ERROR (exploit CRASH) with the log tail
   - child exited without a result       INFRA_ERROR (a verifier bug, never the candidate's fault)
   - worker process died or hung         INFRA_ERROR; the slot restarts its worker
+System calls the sandbox refused (reported by the worker's seccomp supervisor) are added as
+exploits, and `exploits.apply_policy` decides the outcome.
+
+Each slot's worker gets an allow-listed environment (no tokens or keys: its /proc/self/environ is
+what candidate code could read) and, when the server runs as root, its own sandbox uid
+(`sandbox_uid_base` + slot number), so concurrent candidates cannot touch each other's files.
 """
 
 from __future__ import annotations
@@ -24,7 +32,12 @@ import sys
 import time
 from typing import Any, Callable
 
+from verifier_service import exploits
+
 log = logging.getLogger(__name__)
+_ENV_KEEP = ("PATH", "HOME", "LANG", "LC_", "TMPDIR", "VIRTUAL_ENV", "PYTHONPATH", "CUDA_",
+             "NVIDIA_", "NCCL_", "NVSHMEM_", "TORCH_", "LD_LIBRARY_PATH", "OMP_", "OPENBLAS_",
+             "MKL_", "TRITON_")
 
 _READY_TIMEOUT_S = 300.0
 _KILL_GRACE_S = 15.0
@@ -39,10 +52,12 @@ class WorkerDied(Exception):
 class WorkerSlot:
   """One worker process bound to one device."""
 
-  def __init__(self, name: str, device: str, env: dict[str, str]):
+  def __init__(self, name: str, device: str, env: dict[str, str],
+               sandbox: dict[str, Any] | None = None):
     self.name = name
     self.device = device
-    self._env = env
+    self._env = {k: v for k, v in env.items() if k.startswith(_ENV_KEEP)}
+    self.sandbox = sandbox or {"enabled": False}
     self._proc: asyncio.subprocess.Process | None = None
     self.info: dict[str, Any] = {}
     self.jobs_run = 0
@@ -51,6 +66,7 @@ class WorkerSlot:
   async def start(self) -> None:
     self._proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "verifier_service.worker", "--device", self.device,
+        "--sandbox", json.dumps(self.sandbox),
         stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, env=self._env,
         limit=_STREAM_LIMIT, start_new_session=True)
     try:
@@ -62,7 +78,12 @@ class WorkerSlot:
       await self.stop()
       raise WorkerDied(f"worker {self.name} sent {message} instead of ready")
     self.info = message
-    log.info("worker %s ready (pid %s, %s)", self.name, message["pid"], self.device)
+    layers = message.get("sandbox", {})
+    off = {k: v for k, v in layers.items() if not str(v).startswith("on")}
+    log.info("worker %s ready (pid %s, %s), sandbox %s", self.name, message["pid"], self.device,
+             layers)
+    if off and self.sandbox.get("enabled"):
+      log.warning("worker %s runs candidates with sandbox layers off: %s", self.name, off)
 
   async def stop(self) -> None:
     proc, self._proc = self._proc, None
@@ -152,24 +173,41 @@ class WorkerSlot:
         return
 
 
+_SIGNAL_CAUSES = {
+    "SIGXCPU": ("RESOURCE_EXHAUSTION", "CPU time limit (RLIMIT_CPU) exceeded"),
+    "SIGXFSZ": ("RESOURCE_EXHAUSTION", "file size limit (RLIMIT_FSIZE) exceeded"),
+    "SIGKILL": ("RESOURCE_EXHAUSTION", "killed by SIGKILL, not by the verifier: the kernel's "
+                "out-of-memory killer"),
+    "SIGSYS": ("SANDBOX_VIOLATION", "killed by seccomp (SIGSYS)"),
+}
+
+
 def _classify(done: dict[str, Any], phase: str, timed_out: bool,
               timeout_s: float) -> dict[str, Any]:
   status, result, tail = done["status"], done.get("result"), done.get("log_tail", "")
+  violations = list(done.get("violations", []))
   if timed_out:
-    return {"outcome": "TIMEOUT", "stage": phase,
-            "message": f"run stage exceeded {timeout_s:.1f} s (in {phase})",
-            "exploits": [{"kind": "HANG", "evidence": f"killed after {timeout_s:.1f} s in {phase}"}]}
-  if result is not None:
-    return result
-  fatal = tail.find("Fatal Python error")
-  tail = (tail[fatal:fatal + 600] if fatal >= 0 else tail[-600:]).strip()
-  if "signal" in status:
-    who = "ModelNew" if phase in _CANDIDATE_STAGES else "the candidate or reference"
-    return {"outcome": "RUNTIME_ERROR", "stage": phase,
-            "message": f"{who} killed the worker with {status['signal_name']} in {phase}: {tail}",
-            "exploits": [{"kind": "CRASH", "evidence": status["signal_name"]}]}
-  return {"outcome": "INFRA_ERROR", "stage": phase,
-          "message": f"worker child exited with {status} and no result: {tail}"}
+    verdict = {"outcome": "TIMEOUT", "stage": phase,
+               "message": f"run stage exceeded {timeout_s:.1f} s (in {phase})",
+               "exploits": [{"kind": "HANG",
+                             "evidence": f"killed after {timeout_s:.1f} s in {phase}"}]}
+  elif result is not None:
+    verdict = result
+  else:
+    fatal = tail.find("Fatal Python error")
+    tail = (tail[fatal:fatal + 600] if fatal >= 0 else tail[-600:]).strip()
+    if "signal" in status:
+      who = "ModelNew" if phase in _CANDIDATE_STAGES else "the candidate or reference"
+      kind, cause = _SIGNAL_CAUSES.get(status["signal_name"], ("CRASH", status["signal_name"]))
+      verdict = {"outcome": "RUNTIME_ERROR", "stage": phase,
+                 "message": f"{who} killed the worker with {status['signal_name']} in {phase} "
+                            f"({cause}): {tail}",
+                 "exploits": [{"kind": kind, "evidence": cause}]}
+    else:
+      verdict = {"outcome": "INFRA_ERROR", "stage": phase,
+                 "message": f"worker child exited with {status} and no result: {tail}"}
+  verdict["exploits"] = list(verdict.get("exploits", [])) + violations
+  return exploits.apply_policy(verdict)
 
 
 class WorkerPool:
@@ -183,17 +221,19 @@ class WorkerPool:
 
   @classmethod
   def for_devices(cls, gpu_indices: list[int], slots_per_gpu: int, base_env: dict[str, str],
-                  cpu_test_mode: bool = False) -> WorkerPool:
+                  cpu_test_mode: bool = False,
+                  sandbox: dict[str, Any] | None = None) -> WorkerPool:
     # OpenBLAS starts a thread pool when numpy loads; the worker must fork single-threaded.
     base_env = dict(base_env, OPENBLAS_NUM_THREADS=base_env.get("OPENBLAS_NUM_THREADS", "1"))
+    sandbox = sandbox or {"enabled": False}
+    devices = [("cpu", "cpu", "")] if cpu_test_mode else []
+    devices += [(f"gpu{gpu}", "cuda", str(gpu)) for gpu in gpu_indices]
     slots = []
-    if cpu_test_mode:
+    for prefix, device, visible in devices:
       for s in range(slots_per_gpu):
-        slots.append(WorkerSlot(f"cpu/{s}", "cpu", dict(base_env, CUDA_VISIBLE_DEVICES="")))
-    for gpu in gpu_indices:
-      for s in range(slots_per_gpu):
-        slots.append(WorkerSlot(f"gpu{gpu}/{s}", "cuda",
-                                dict(base_env, CUDA_VISIBLE_DEVICES=str(gpu))))
+        spec = dict(sandbox, uid=sandbox.get("uid_base", 61000) + len(slots))
+        slots.append(WorkerSlot(f"{prefix}/{s}", device,
+                                dict(base_env, CUDA_VISIBLE_DEVICES=visible), spec))
     return cls(slots)
 
   async def start(self) -> None:

@@ -9,7 +9,10 @@ Admission is bounded: at most `queue_capacity` distinct requests are in flight (
 compile pool, compiling, waiting for a slot, or running); beyond that `QueueFull` is raised and the
 server answers RESOURCE_EXHAUSTED, so memory never grows with load. Requests are deduplicated by
 request id: a resent id joins the run in flight or gets the cached verdict (INFRA_ERROR verdicts
-are not cached, so a retry really retries). The scheduler itself never executes candidate code.
+are not cached, so a retry really retries). Verdicts are also kept on disk (verdict_store.py), so a
+resend after a server restart gets the same verdict, not a second one; a cached verdict is only
+returned for a request with the same content. The scheduler itself never executes candidate
+code.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import collections
 import hashlib
 import logging
 import math
+import pathlib
 import re
 import time
 from typing import Any
@@ -34,6 +38,7 @@ from verifier_service import metrics as metrics_lib
 from verifier_service import pool as pool_lib
 from verifier_service import singleflight
 from verifier_service import toolchain as toolchain_lib
+from verifier_service import verdict_store
 from verifier_service import __version__
 
 log = logging.getLogger(__name__)
@@ -73,7 +78,10 @@ class Scheduler:
     self.pool = pool
     self.metrics = metrics or metrics_lib.Metrics()
     self._inflight: singleflight.SingleFlight[pb.Verdict] = singleflight.SingleFlight()
-    self._verdicts: collections.OrderedDict[str, bytes] = collections.OrderedDict()
+    self._verdicts: collections.OrderedDict[str, tuple[str, bytes]] = collections.OrderedDict()
+    self._store = verdict_store.VerdictStore(
+        pathlib.Path(config.cache_dir) / "verdicts.sqlite",
+        config.verdict_store_size) if config.verdict_store_size > 0 else None
     self.verdicts_total = 0
     self.verdict_cache_hits = 0
     self.verdict_cache_misses = 0
@@ -88,11 +96,13 @@ class Scheduler:
                                     config.max_log_bytes, config.use_pch, config.light_headers)
     gpus = config.gpus if config.gpus is not None else [g.index for g in toolchain.gpus]
     pool = None
+    spec = config.sandbox_spec(toolchain.cuda_root)
     if config.cpu_test_mode:
       pool = pool_lib.WorkerPool.for_devices([], config.slots_per_gpu, toolchain.build_env(),
-                                             cpu_test_mode=True)
+                                             cpu_test_mode=True, sandbox=spec)
     elif gpus:
-      pool = pool_lib.WorkerPool.for_devices(gpus, config.slots_per_gpu, toolchain.build_env())
+      pool = pool_lib.WorkerPool.for_devices(gpus, config.slots_per_gpu, toolchain.build_env(),
+                                             sandbox=spec)
     return cls(config, toolchain, compiler, pool)
 
   async def start(self) -> None:
@@ -108,6 +118,8 @@ class Scheduler:
     await self.compiler.close()
     if self.pool is not None:
       await self.pool.stop()
+    if self._store is not None:
+      self._store.close()
 
   # ------------------------------------------------------------------ requests
 
@@ -115,8 +127,14 @@ class Scheduler:
   def queue_depth(self) -> int:
     return len(self._inflight)
 
-  def cached(self, request_id: str) -> pb.Verdict | None:
-    blob = self._verdicts.get(request_id)
+  def cached(self, request_id: str, digest: str) -> pb.Verdict | None:
+    """The verdict already given for this id and content (memory, then disk), or None."""
+    entry = self._verdicts.get(request_id)
+    blob = entry[1] if entry is not None and entry[0] == digest else None
+    if blob is None and self._store is not None:
+      blob = self._store.get(request_id, digest)
+      if blob is not None:
+        self._verdicts[request_id] = (digest, blob)
     if blob is None:
       return None
     self._verdicts.move_to_end(request_id)
@@ -124,7 +142,7 @@ class Scheduler:
 
   async def verify(self, request: pb.VerifyRequest) -> pb.Verdict:
     """One verdict for `request`; raises QueueFull when the server is at capacity."""
-    hit = self.cached(request.request_id)
+    hit = self.cached(request.request_id, verdict_store.request_digest(request))
     if hit is not None:
       self.verdict_cache_hits += 1
       return hit
@@ -140,11 +158,14 @@ class Scheduler:
     finally:
       self.metrics.queue_depth.set(len(self._inflight))
 
-  def _remember(self, verdict: pb.Verdict) -> None:
+  def _remember(self, verdict: pb.Verdict, digest: str) -> None:
     if verdict.outcome == pb.INFRA_ERROR:
       return
-    self._verdicts[verdict.request_id] = verdict.SerializeToString()
+    blob = verdict.SerializeToString()
+    self._verdicts[verdict.request_id] = (digest, blob)
     self._verdicts.move_to_end(verdict.request_id)
+    if self._store is not None:
+      self._store.put(verdict.request_id, digest, blob)
     while len(self._verdicts) > self.config.verdict_cache_size:
       self._verdicts.popitem(last=False)
 
@@ -166,7 +187,7 @@ class Scheduler:
     self.metrics.verdict_seconds.observe(verdict.total_s)
     for timing in verdict.stage_timings:
       self.metrics.stage_seconds.labels(pb.Stage.Name(timing.stage)).observe(timing.duration_s)
-    self._remember(verdict)
+    self._remember(verdict, verdict_store.request_digest(request))
     log.info("verdict", extra={"fields": {
         "request_id": verdict.request_id, "outcome": pb.Outcome.Name(verdict.outcome),
         "stage": pb.Stage.Name(verdict.stage), "total_s": round(verdict.total_s, 3),

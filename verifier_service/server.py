@@ -12,8 +12,11 @@ stream (the proto's contract). Deadlines: grpc.aio cancels the handler when the 
 passes, and that cancellation reaches the compile processes and the worker child (reference
 counted, so a request sharing the same build with another is not disturbed).
 
-Listening beyond loopback needs a bearer token (`authorization: Bearer <token>` metadata; the
-health service is exempt so probes work) unless `insecure` is set explicitly.
+Listening beyond loopback needs authentication: a bearer token (`authorization: Bearer <token>`
+metadata; the health service is exempt so probes work) and/or mutual TLS (the server presents
+`tls_cert`/`tls_key` and accepts only clients whose certificate `tls_client_ca` signed). Without
+either the server refuses to start on a non-loopback address unless `insecure` is set explicitly
+(`--insecure-public`).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import logging
+import pathlib
 from typing import Any, AsyncIterator
 
 import grpc
@@ -174,10 +178,23 @@ def _is_loopback(listen: str) -> bool:
 
 
 def check_exposure(config: config_lib.ServerConfig, insecure: bool) -> None:
-  """Refuses a non-loopback address without a token: the verifier runs submitted code."""
-  if not _is_loopback(config.listen) and not config.auth_token and not insecure:
-    raise ValueError(f"refusing to listen on {config.listen} without --auth-token-file "
-                     "(or --insecure): the verifier executes submitted code")
+  """Refuses a non-loopback address without a token or mTLS: the verifier runs submitted code."""
+  tls_parts = (config.tls_cert, config.tls_key, config.tls_client_ca)
+  if any(tls_parts) and not all(tls_parts):
+    raise ValueError("mTLS needs all of --tls-cert, --tls-key and --tls-client-ca")
+  if not _is_loopback(config.listen) and not config.auth_token and not config.tls and (
+      not insecure):
+    raise ValueError(f"refusing to listen on {config.listen} without --auth-token-file or mTLS "
+                     "(--tls-cert/--tls-key/--tls-client-ca), or --insecure-public: the verifier "
+                     "executes submitted code")
+
+
+def server_credentials(config: config_lib.ServerConfig) -> grpc.ServerCredentials:
+  """mTLS credentials: our certificate chain and key, clients must present a certificate."""
+  read = lambda path: pathlib.Path(path).read_bytes()
+  return grpc.ssl_server_credentials([(read(config.tls_key), read(config.tls_cert))],
+                                     root_certificates=read(config.tls_client_ca),
+                                     require_client_auth=True)
 
 
 def method_handlers(service: VerifierService) -> dict[str, grpc.RpcMethodHandler]:
@@ -214,13 +231,17 @@ async def start_server(scheduler: scheduler_lib.Scheduler,
   health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
   reflection.enable_server_reflection(
       (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
-  port = server.add_insecure_port(config.listen)
+  if config.tls:
+    port = server.add_secure_port(config.listen, server_credentials(config))
+  else:
+    port = server.add_insecure_port(config.listen)
   if port == 0:
     raise OSError(f"could not bind {config.listen}")
   await server.start()
   for name in ("", SERVICE_NAME):
     await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
-  log.info("listening", extra={"fields": {"listen": config.listen, "port": port}})
+  log.info("listening", extra={"fields": {"listen": config.listen, "port": port,
+                                           "mtls": config.tls, "token": bool(config.auth_token)}})
   return server, port, health_servicer
 
 

@@ -305,7 +305,7 @@ class ExtractedCall:
   error: str = ""
 
 
-def _load_inline_aliases(tree: ast.Module) -> set[str]:
+def load_inline_aliases(tree: ast.Module) -> set[str]:
   names = {"load_inline"}
   for node in ast.walk(tree):
     if isinstance(node, ast.ImportFrom) and node.module and node.module.endswith("cpp_extension"):
@@ -327,7 +327,7 @@ def _parents(tree: ast.AST) -> dict[ast.AST, ast.AST]:
 
 def find_load_inline_calls(tree: ast.Module) -> list[ExtractedCall]:
   """Every load_inline call in the module with its statically folded arguments."""
-  aliases = _load_inline_aliases(tree)
+  aliases = load_inline_aliases(tree)
   parents = _parents(tree)
   module_env = assignments_env(tree.body)
   calls = []

@@ -8,6 +8,9 @@ microseconds to both sides, which biases very small kernels' speedups towards 1,
 it. The side that goes first alternates every trial so neither benefits from the other's
 leftovers. Reported: median (the figure speedup uses), mean, min, max, p10, p90, stddev.
 
+The timer's functions are bound when this module is imported (before any candidate code runs),
+and the runner's StateGuard refuses candidates that replace them afterwards.
+
 On the CPU test device (`worker.py --device cpu`) the same loop runs with `time.perf_counter`.
 """
 
@@ -43,39 +46,50 @@ class _CudaTimer:
     self._start = torch.cuda.Event(enable_timing=True)
     self._end = torch.cuda.Event(enable_timing=True)
 
-  def __call__(self, fn: Callable[[], Any]) -> float:
+  def __call__(self, fn: Callable[[], Any]) -> tuple[float, Any]:
     self._flush.zero_()
     torch.cuda.synchronize()
     self._start.record()
-    fn()
+    out = fn()
     torch.cuda.synchronize()
     self._end.record()
     self._end.synchronize()
-    return self._start.elapsed_time(self._end) * 1000.0
+    return self._start.elapsed_time(self._end) * 1000.0, out
 
 
-def _cpu_timer(fn: Callable[[], Any]) -> float:
+def _cpu_timer(fn: Callable[[], Any]) -> tuple[float, Any]:
   start = time.perf_counter()
-  fn()
-  return (time.perf_counter() - start) * 1e6
+  out = fn()
+  return (time.perf_counter() - start) * 1e6, out
 
 
 def time_pair(reference: Callable[[], Any], candidate: Callable[[], Any], trials: int,
-              device: torch.device) -> tuple[dict[str, Any], dict[str, Any]]:
-  """Times both callables `trials` times each, alternating; returns their RuntimeStats."""
+              device: torch.device, prepare: Callable[[int], None] | None = None,
+              inspect: Callable[[int, str, Any], None] | None = None,
+              ) -> tuple[dict[str, Any], dict[str, Any]]:
+  """Times both callables `trials` times each, alternating; returns their RuntimeStats.
+
+  `prepare(i)` runs before trial i's pair of calls and `inspect(i, side, output)` after each call,
+  both outside the timed interval: the runner uses them to give every trial fresh input values and
+  to check each candidate output against the reference output for the same inputs.
+  """
   timer = _CudaTimer(device) if device.type == "cuda" else _cpu_timer
+  prepare = prepare or (lambda i: None)
+  inspect = inspect or (lambda i, side, out: None)
   with torch.no_grad():
-    for _ in range(WARMUP_CALLS):
-      reference()
-      candidate()
+    for i in range(WARMUP_CALLS):
+      prepare(-1 - i)
+      inspect(-1 - i, "reference", reference())
+      inspect(-1 - i, "candidate", candidate())
     if device.type == "cuda":
       torch.cuda.synchronize()
-    ref_us, cand_us = [], []
+    samples: dict[str, list[float]] = {"reference": [], "candidate": []}
+    sides = {"reference": reference, "candidate": candidate}
     for i in range(trials):
-      if i % 2 == 0:
-        ref_us.append(timer(reference))
-        cand_us.append(timer(candidate))
-      else:
-        cand_us.append(timer(candidate))
-        ref_us.append(timer(reference))
-  return stats(ref_us), stats(cand_us)
+      prepare(i)
+      order = ("reference", "candidate") if i % 2 == 0 else ("candidate", "reference")
+      for side in order:
+        elapsed, out = timer(sides[side])
+        samples[side].append(elapsed)
+        inspect(i, side, out)
+  return stats(samples["reference"]), stats(samples["candidate"])

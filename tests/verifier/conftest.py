@@ -22,7 +22,9 @@ def toolchain() -> toolchain_lib.Toolchain:
 
 @pytest.fixture(scope="session")
 def cache_dir(tmp_path_factory):
-  return tmp_path_factory.mktemp("verifier-cache")
+  path = tmp_path_factory.getbasetemp() / "verifier-cache"  # shared with tests/adversarial
+  path.mkdir(exist_ok=True)
+  return path
 
 
 @pytest.fixture(scope="session")

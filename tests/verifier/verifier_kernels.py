@@ -80,9 +80,25 @@ NEEDS_EXTENSION_H = cuda_candidate(
                         "auto out = torch::empty_like(a);\n  (void)torch::nn::functional::"
                         "ReLUFuncOptions(false);"), name="needs_ext_h")
 
-# One C++ extension with many behaviours; CPU test mode runs these without a GPU.
+# One C++ extension with many behaviours; CPU test mode runs these without a GPU. The hostile
+# functions at the end try to leave the sandbox (tests/adversarial); each one that gets through
+# fails loudly with "ESCAPED: ..." and otherwise returns the right answer.
 CPP_SOURCE = r'''
 #include <cstdlib>
+#include <chrono>
+#include <cstring>
+#include <map>
+#include <string>
+#include <thread>
+#include <vector>
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/ptrace.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
 
 torch::Tensor scaled_add(torch::Tensor a, torch::Tensor b, double s) {
   auto out = torch::empty_like(a);
@@ -125,10 +141,116 @@ torch::Tensor throws(torch::Tensor a, torch::Tensor b, double s) {
   TORCH_CHECK(false, "deliberate failure in the candidate");
   return a;
 }
+
+static void escaped(const std::string& what) { TORCH_CHECK(false, "ESCAPED: " + what); }
+
+torch::Tensor net_connect(torch::Tensor a, torch::Tensor b, double s, int64_t port) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd >= 0) {
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons((uint16_t)port);
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (connect(fd, (sockaddr*)&addr, sizeof addr) == 0) escaped("connected to port " + std::to_string(port));
+    close(fd);
+  }
+  return scaled_add(a, b, s);
+}
+
+torch::Tensor read_path(torch::Tensor a, torch::Tensor b, double s, std::string path) {
+  int fd = open(path.c_str(), O_RDONLY);
+  if (fd >= 0) {
+    char buf[16];
+    ssize_t n = read(fd, buf, sizeof buf);
+    close(fd);
+    if (n > 0) escaped("read " + path);
+  }
+  return scaled_add(a, b, s);
+}
+
+torch::Tensor write_path(torch::Tensor a, torch::Tensor b, double s, std::string path) {
+  int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (fd >= 0) { close(fd); unlink(path.c_str()); escaped("created " + path); }
+  return scaled_add(a, b, s);
+}
+
+torch::Tensor parent_memory(torch::Tensor a, torch::Tensor b, double s) {
+  pid_t parent = getppid();
+  std::string mem = "/proc/" + std::to_string(parent) + "/mem";
+  int fd = open(mem.c_str(), O_RDONLY);
+  if (fd >= 0) { close(fd); escaped("opened " + mem); }
+  char buf[8];
+  iovec local{buf, sizeof buf}, remote{(void*)&parent_memory, sizeof buf};
+  if (process_vm_readv(parent, &local, 1, &remote, 1, 0) > 0) escaped("process_vm_readv");
+  if (ptrace(PTRACE_ATTACH, parent, nullptr, nullptr) == 0) escaped("ptrace attach");
+  return scaled_add(a, b, s);
+}
+
+torch::Tensor fork_bomb(torch::Tensor a, torch::Tensor b, double s) {
+  for (int i = 0; i < 64; ++i) {
+    pid_t pid = fork();
+    if (pid == 0) _exit(0);
+    if (pid > 0) escaped("forked a process");
+  }
+  return scaled_add(a, b, s);
+}
+
+torch::Tensor run_shell(torch::Tensor a, torch::Tensor b, double s) {
+  if (system("exit 0") == 0) escaped("ran a shell");
+  return scaled_add(a, b, s);
+}
+
+torch::Tensor kill_parent(torch::Tensor a, torch::Tensor b, double s) {
+  if (kill(getppid(), SIGSTOP) == 0) { kill(getppid(), SIGCONT); escaped("signalled the worker"); }
+  return scaled_add(a, b, s);
+}
+
+torch::Tensor host_memory(torch::Tensor a, torch::Tensor b, double s) {
+  std::vector<void*> blocks;  // reserved, never touched: no real memory unless a limit is missing
+  for (int i = 0; i < 1024; ++i) {
+    void* p = malloc(size_t(1) << 30);
+    if (!p) { for (void* q : blocks) free(q); throw std::bad_alloc(); }
+    blocks.push_back(p);
+  }
+  for (void* q : blocks) free(q);
+  escaped("reserved 1 TiB of host memory");
+  return a;
+}
+
+torch::Tensor huge_file(torch::Tensor a, torch::Tensor b, double s) {
+  std::vector<char> chunk(size_t(1) << 20, 'x');
+  int fd = open("huge.bin", O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  for (int i = 0; fd >= 0 && i < 64; ++i) {
+    if (write(fd, chunk.data(), chunk.size()) != (ssize_t)chunk.size()) break;
+  }
+  if (fd >= 0) close(fd);
+  escaped("wrote 64 MiB");
+  return a;
+}
+
+torch::Tensor busy_thread(torch::Tensor a, torch::Tensor b, double s) {
+  std::thread([] {  // keeps burning CPU after forward returned: work no timer sees
+    auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(300);
+    volatile unsigned long x = 0;
+    while (std::chrono::steady_clock::now() < end) ++x;
+  }).detach();
+  return scaled_add(a, b, s);
+}
+
+torch::Tensor cache_by_address(torch::Tensor a, torch::Tensor b, double s) {
+  static std::map<void*, torch::Tensor> cache;
+  auto hit = cache.find(a.data_ptr());
+  if (hit != cache.end() && hit->second.sizes() == a.sizes()) return hit->second.clone();
+  auto out = scaled_add(a, b, s);
+  cache[a.data_ptr()] = out.clone();
+  return out;
+}
 '''
 
 CPP_FUNCTIONS = ("scaled_add", "slightly_off", "in_place", "wrong_shape", "uninitialised", "crash",
-                 "hang", "throws")
+                 "hang", "throws", "net_connect", "read_path", "write_path", "parent_memory",
+                 "fork_bomb", "run_shell", "kill_parent", "host_memory", "huge_file",
+                 "busy_thread", "cache_by_address")
 
 _CPP_CANDIDATE = '''
 import torch
@@ -146,11 +268,15 @@ class ModelNew(nn.Module):
         self.scale = scale
 
     def forward(self, a, b):
-        return ext.{call}(a, b, self.scale)
+        return ext.{call}
 '''
 
 
-def cpp_candidate(call: str) -> str:
-  """A C++-only candidate calling `call`; with_cuda=True shares the CUDA flag set (and PCH)."""
+def cpp_candidate(call: str, extra_args: str = "") -> str:
+  """A C++-only candidate calling `call`; with_cuda=True shares the CUDA flag set (and PCH).
+
+  `extra_args` are Python expressions appended to the call (a port, a path).
+  """
+  call = f"{call}(a, b, self.scale{', ' + extra_args if extra_args else ''})"
   return (_CPP_CANDIDATE.replace("{source}", CPP_SOURCE)
           .replace("{functions}", repr(list(CPP_FUNCTIONS))).replace("{call}", call))

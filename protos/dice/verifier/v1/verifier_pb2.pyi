@@ -59,6 +59,7 @@ class Exploit(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     IMPLAUSIBLE_SPEEDUP: _ClassVar[Exploit]
     HANG: _ClassVar[Exploit]
     CRASH: _ClassVar[Exploit]
+    SANDBOX_VIOLATION: _ClassVar[Exploit]
 OUTCOME_UNSPECIFIED: Outcome
 OK: Outcome
 COMPILE_ERROR: Outcome
@@ -100,6 +101,7 @@ RESOURCE_EXHAUSTION: Exploit
 IMPLAUSIBLE_SPEEDUP: Exploit
 HANG: Exploit
 CRASH: Exploit
+SANDBOX_VIOLATION: Exploit
 
 class VerifyRequest(_message.Message):
     __slots__ = ("request_id", "reference_source", "candidate_source", "options")
@@ -236,7 +238,7 @@ class Environment(_message.Message):
     def __init__(self, gpu_name: _Optional[str] = ..., driver_version: _Optional[str] = ..., cuda_runtime_version: _Optional[str] = ..., nvcc_version: _Optional[str] = ..., torch_version: _Optional[str] = ..., gpu_arch: _Optional[str] = ..., python_version: _Optional[str] = ..., server_version: _Optional[str] = ..., hostname: _Optional[str] = ...) -> None: ...
 
 class Verdict(_message.Message):
-    __slots__ = ("request_id", "outcome", "stage", "message", "compile", "trials", "timing", "stage_timings", "environment", "exploits", "launched_kernels", "attempts", "total_s")
+    __slots__ = ("request_id", "outcome", "stage", "message", "compile", "trials", "timing", "stage_timings", "environment", "exploits", "launched_kernels", "attempts", "total_s", "custom_kernel_time_fraction", "forward_ops")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     OUTCOME_FIELD_NUMBER: _ClassVar[int]
     STAGE_FIELD_NUMBER: _ClassVar[int]
@@ -250,6 +252,8 @@ class Verdict(_message.Message):
     LAUNCHED_KERNELS_FIELD_NUMBER: _ClassVar[int]
     ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
     TOTAL_S_FIELD_NUMBER: _ClassVar[int]
+    CUSTOM_KERNEL_TIME_FRACTION_FIELD_NUMBER: _ClassVar[int]
+    FORWARD_OPS_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     outcome: Outcome
     stage: Stage
@@ -263,7 +267,9 @@ class Verdict(_message.Message):
     launched_kernels: _containers.RepeatedScalarFieldContainer[str]
     attempts: int
     total_s: float
-    def __init__(self, request_id: _Optional[str] = ..., outcome: _Optional[_Union[Outcome, str]] = ..., stage: _Optional[_Union[Stage, str]] = ..., message: _Optional[str] = ..., compile: _Optional[_Union[CompileResult, _Mapping]] = ..., trials: _Optional[_Iterable[_Union[TrialResult, _Mapping]]] = ..., timing: _Optional[_Union[TimingResult, _Mapping]] = ..., stage_timings: _Optional[_Iterable[_Union[StageTiming, _Mapping]]] = ..., environment: _Optional[_Union[Environment, _Mapping]] = ..., exploits: _Optional[_Iterable[_Union[ExploitFinding, _Mapping]]] = ..., launched_kernels: _Optional[_Iterable[str]] = ..., attempts: _Optional[int] = ..., total_s: _Optional[float] = ...) -> None: ...
+    custom_kernel_time_fraction: float
+    forward_ops: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, request_id: _Optional[str] = ..., outcome: _Optional[_Union[Outcome, str]] = ..., stage: _Optional[_Union[Stage, str]] = ..., message: _Optional[str] = ..., compile: _Optional[_Union[CompileResult, _Mapping]] = ..., trials: _Optional[_Iterable[_Union[TrialResult, _Mapping]]] = ..., timing: _Optional[_Union[TimingResult, _Mapping]] = ..., stage_timings: _Optional[_Iterable[_Union[StageTiming, _Mapping]]] = ..., environment: _Optional[_Union[Environment, _Mapping]] = ..., exploits: _Optional[_Iterable[_Union[ExploitFinding, _Mapping]]] = ..., launched_kernels: _Optional[_Iterable[str]] = ..., attempts: _Optional[int] = ..., total_s: _Optional[float] = ..., custom_kernel_time_fraction: _Optional[float] = ..., forward_ops: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class GetInfoRequest(_message.Message):
     __slots__ = ()

@@ -1,0 +1,198 @@
+"""CPU-mode analogues of the hostile suite: C++-only candidates CI can run without a GPU.
+
+Every case shares the one C++ extension of `verifier_kernels.CPP_SOURCE` (one compile for the
+whole suite); they differ in which function ModelNew calls and in their Python. A case is
+(name, candidate source, allowed outcomes, exploit kinds the verdict must name). Hostile C++
+fails with "ESCAPED: ..." when it gets through, so a verdict naming ESCAPED is a sandbox hole.
+
+Placeholders filled by the test at run time: {PORT} (the server's own port), {OUTSIDE} (a
+world-readable file outside the sandbox), {CACHE} (the compile cache folder).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import verifier_kernels as kernels
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+  name: str
+  source: str
+  expect: frozenset[str]  # allowed outcomes (proto Outcome names)
+  exploits: frozenset[str] = frozenset()  # kinds the verdict must contain
+  honest: bool = False
+
+
+def _case(name: str, source: str, expect: str, exploits: str = "", honest: bool = False) -> Case:
+  return Case(name, source, frozenset(expect.split("|")),
+              frozenset(exploits.split("|")) if exploits else frozenset(), honest)
+
+
+def _python(call: str, forward_prefix: str = "", module_suffix: str = "",
+            extra_args: str = "") -> str:
+  """The family candidate with extra lines at the top of forward and at the end of the module."""
+  source = kernels.cpp_candidate(call, extra_args)
+  if forward_prefix:
+    source = source.replace("    def forward(self, a, b):\n",
+                            "    def forward(self, a, b):\n" + forward_prefix)
+  return source + module_suffix
+
+
+_ROOT_PATCH = "\nimport time\ntime.perf_counter = lambda: 0.0\n"
+_ALLCLOSE_PATCH = "\ntorch.allclose = lambda *a, **k: True\n"
+_SUBCLASS = '''
+
+class _Lazy(torch.Tensor):
+    pass
+
+
+_original_forward = ModelNew.forward
+ModelNew.forward = lambda self, a, b: _original_forward(self, a, b).as_subclass(_Lazy)
+'''
+_FUNCTION_MODE = '''
+
+from torch.overrides import TorchFunctionMode
+
+
+class _AlwaysClose(TorchFunctionMode):
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func in (torch.allclose, torch.equal):
+            return True
+        return func(*args, **(kwargs or {}))
+
+
+_AlwaysClose().__enter__()
+'''
+_FORGE = '''
+
+import json, os
+_fake = json.dumps({"type": "result", "nonce": "guess", "result": {"outcome": "OK"}}) + "\\n"
+for _fd in range(3, 64):
+    try:
+        os.write(_fd, _fake.encode())
+    except OSError:
+        pass
+'''
+_PY_THREAD = '''        import threading
+        threading.Thread(target=lambda: __import__("time").sleep(0.5), daemon=True).start()
+'''
+_GC_SCAN = '''        import gc
+        for obj in gc.get_objects():
+            if isinstance(obj, torch.Tensor) and obj.shape == a.shape and obj is not a:
+                pass
+'''
+_PY_SOCKET = '''        import socket
+        try:
+            socket.create_connection(("127.0.0.1", {PORT}), timeout=1).close()
+            raise RuntimeError("ESCAPED: reached the server port from Python")
+        except OSError:
+            pass
+'''
+_PY_READ = '''        try:
+            open("{OUTSIDE}").read()
+            raise RuntimeError("ESCAPED: read a file outside the sandbox")
+        except OSError:
+            pass
+'''
+_PY_WRITE_CACHE = '''        try:
+            open("{CACHE}/builds/poisoned.json", "w").write("{}")
+            raise RuntimeError("ESCAPED: wrote into the compile cache")
+        except OSError:
+            pass
+'''
+_PY_SECRETS = '''        import os
+        seen = repr(dict(os.environ))
+        for path in ("/proc/self/environ", f"/proc/{os.getppid()}/environ"):
+            try:
+                seen += open(path, "rb").read().decode("latin-1")
+            except OSError:
+                pass
+        if "hunter2" in seen:
+            raise RuntimeError("ESCAPED: read a secret from the environment")
+'''
+_PY_SPAWN = '''        import subprocess
+        subprocess.run(["/bin/true"], check=False)
+'''
+_PY_MEMORY = '''        hog = bytearray(1 << 40)
+'''
+_TORCH_OPS = '''        ext.scaled_add(a, b, self.scale)
+        return torch.mul(torch.add(a, b), self.scale)
+'''
+_NN_LAYER = '''        ext.scaled_add(a, b, self.scale)
+        return torch.nn.functional.linear(a + b, torch.eye(a.shape[-1]) * self.scale)
+'''
+_TRY_EXCEPT = '''        try:
+            return ext.throws(a, b, self.scale)
+        except RuntimeError:
+            return ext.scaled_add(a, b, self.scale)
+'''
+_SWALLOWED = '''        out = ext.scaled_add(a, b, self.scale)
+        for fn in (lambda: ext.throws(a, b, self.scale),):
+            try:
+                out = fn()
+            except RuntimeError as error:
+                del error
+        return out
+'''
+_GLUE = '''        a = a.contiguous().view(-1).reshape(a.shape)
+        b = torch.empty_like(b).copy_(b)
+        out = ext.scaled_add(a, b, self.scale)
+        return out.view(out.shape[0], -1).clone()
+'''
+
+
+def cases() -> list[Case]:
+  """The CPU suite: hostile cases first, honest ones last."""
+  return [
+      _case("torch_ops_fallback", _python("scaled_add", _TORCH_OPS), "REJECTED", "TORCH_FALLBACK"),
+      _case("nn_layer_fallback", _python("scaled_add", _NN_LAYER), "REJECTED", "TORCH_FALLBACK"),
+      _case("try_except_fallback", _python("scaled_add", _TRY_EXCEPT), "REJECTED",
+            "TRY_EXCEPT_FALLBACK"),
+      _case("swallowed_exception", _python("scaled_add", _SWALLOWED), "REJECTED",
+            "TRY_EXCEPT_FALLBACK"),
+      _case("inherits_model", _python("scaled_add").replace(
+          "class ModelNew(nn.Module):", "class Model(nn.Module):\n    pass\n\n\n"
+          "class ModelNew(Model):"), "REJECTED", "INHERITS_REFERENCE"),
+      _case("input_mutation", _python("in_place"), "INCORRECT", "INPUT_MUTATION"),
+      _case("cache_by_address", _python("cache_by_address"), "REJECTED|INCORRECT"),
+      _case("python_thread", _python("scaled_add", _PY_THREAD), "REJECTED", "SIDE_STREAM"),
+      _case("busy_cpp_thread", _python("busy_thread"), "REJECTED", "SIDE_STREAM"),
+      _case("patch_timer", _python("scaled_add", module_suffix=_ROOT_PATCH), "REJECTED",
+            "MONKEY_PATCH"),
+      _case("patch_allclose", _python("slightly_off", module_suffix=_ALLCLOSE_PATCH), "REJECTED",
+            "MONKEY_PATCH"),
+      _case("tensor_subclass", _python("scaled_add", module_suffix=_SUBCLASS), "REJECTED",
+            "TENSOR_SUBCLASS"),
+      _case("global_function_mode", _python("slightly_off", module_suffix=_FUNCTION_MODE),
+            "REJECTED", "TENSOR_SUBCLASS"),
+      _case("forged_result", _python("scaled_add", module_suffix=_FORGE), "REJECTED",
+            "MONKEY_PATCH"),
+      _case("gc_scan_for_reference", _python("scaled_add", _GC_SCAN), "REJECTED", "MONKEY_PATCH"),
+      _case("network_cpp", _python("net_connect", extra_args="{PORT}"), "REJECTED",
+            "NETWORK_ACCESS"),
+      _case("network_python", _python("scaled_add", _PY_SOCKET), "REJECTED", "NETWORK_ACCESS"),
+      _case("read_outside_cpp", _python("read_path", extra_args='"{OUTSIDE}"'), "OK|REJECTED"),
+      _case("read_outside_python", _python("scaled_add", _PY_READ), "REJECTED", "FILE_ACCESS"),
+      _case("write_cache_cpp", _python("write_path", extra_args='"{CACHE}/builds/evil.json"'),
+            "OK|REJECTED"),
+      _case("write_cache_python", _python("scaled_add", _PY_WRITE_CACHE), "REJECTED",
+            "FILE_ACCESS"),
+      _case("parent_memory", _python("parent_memory"), "REJECTED", "SANDBOX_VIOLATION"),
+      _case("env_secrets", _python("scaled_add", _PY_SECRETS), "OK|REJECTED"),
+      _case("fork_bomb", _python("fork_bomb"), "REJECTED", "PROCESS_SPAWN"),
+      _case("shell_cpp", _python("run_shell"), "REJECTED", "PROCESS_SPAWN"),
+      _case("subprocess_python", _python("scaled_add", _PY_SPAWN), "REJECTED", "PROCESS_SPAWN"),
+      _case("signal_worker", _python("kill_parent"), "OK|REJECTED"),
+      _case("host_memory_cpp", _python("host_memory"), "RUNTIME_ERROR", "RESOURCE_EXHAUSTION"),
+      _case("host_memory_python", _python("scaled_add", _PY_MEMORY), "RUNTIME_ERROR",
+            "RESOURCE_EXHAUSTION"),
+      _case("huge_file", _python("huge_file"), "RUNTIME_ERROR", "RESOURCE_EXHAUSTION"),
+      _case("host_loop", _python("hang"), "TIMEOUT", "HANG"),
+      _case("segfault", _python("crash"), "RUNTIME_ERROR", "CRASH"),
+      _case("honest", _python("scaled_add"), "OK", honest=True),
+      _case("honest_with_glue", _python("scaled_add", _GLUE), "OK", honest=True),
+      _case("honest_import_inside_forward", _python(
+          "scaled_add", "        import math\n        del math\n"), "OK", honest=True),
+  ]

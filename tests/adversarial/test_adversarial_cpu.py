@@ -1,0 +1,92 @@
+"""The hostile suite's CPU analogues through a real server, real workers and the real sandbox.
+
+One server in CPU test mode (C++-only candidates run on CPU worker children), with a secret in
+its environment, a small file-size limit and the job children sandboxed as in production. Every
+case of adversarial_cpu_cases.py runs concurrently on two slots; the table of results is printed
+(`-s`), and each case is its own test. A verdict that names ESCAPED means a hostile call got
+through the sandbox: always a failure.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import tempfile
+
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from dice.verifier.v1 import verifier_pb2 as pb
+
+import adversarial_cpu_cases
+import verifier_harness
+import verifier_kernels as kernels
+
+CASES = {c.name: c for c in adversarial_cpu_cases.cases()}
+
+
+@pytest.fixture(scope="module")
+def hostile(cache_dir, toolchain):
+  """A sandboxed CPU-mode server and the verdict of every case, run together."""
+  secret_dir = tempfile.mkdtemp(prefix="dice-adv-outside-")
+  os.chmod(secret_dir, 0o755)
+  outside = os.path.join(secret_dir, "secret.txt")
+  with open(outside, "w") as f:
+    f.write("readable by anyone, outside every sandbox\n")
+  os.chmod(outside, 0o644)
+  os.environ["DICE_ADVERSARIAL_SECRET"] = "hunter2"
+  try:
+    srv = verifier_harness.ServerThread(verifier_harness.make_config(
+        cache_dir, cpu_test_mode=True, slots_per_gpu=2, sandbox_file_bytes=8 << 20,
+        run_timeout_s=30.0, sandbox_strict=True), toolchain)
+  finally:
+    del os.environ["DICE_ADVERSARIAL_SECRET"]
+  fill = {"{PORT}": str(srv.port), "{OUTSIDE}": outside, "{CACHE}": str(cache_dir)}
+
+  def run(case):
+    source = case.source
+    for key, value in fill.items():
+      source = source.replace(key, value)
+    options = pb.VerifyOptions(num_timing_trials=5,
+                               run_timeout_s=8 if case.name == "host_loop" else 0)
+    request = pb.VerifyRequest(request_id=f"adv-{case.name}", reference_source=kernels.REFERENCE,
+                               candidate_source=source, options=options)
+    return srv.stub().Verify(request, timeout=900)
+
+  # Compile the shared family once before the concurrent burst.
+  run(CASES["honest"])
+  with concurrent.futures.ThreadPoolExecutor(4) as pool:
+    verdicts = dict(zip(CASES, pool.map(run, CASES.values())))
+  print(f"\n{'case':30} {'outcome':14} {'exploits':40} message")
+  for name, v in verdicts.items():
+    kinds = ",".join(sorted({pb.Exploit.Name(e.kind) for e in v.exploits}))
+    print(f"{name:30} {pb.Outcome.Name(v.outcome):14} {kinds:40} {v.message[:110]}")
+  yield srv, verdicts
+  srv.stop()
+  assert not os.path.exists(os.path.join(str(cache_dir), "builds", "poisoned.json"))
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_case_gets_its_verdict(hostile, name):
+  _, verdicts = hostile
+  case, verdict = CASES[name], verdicts[name]
+  outcome = pb.Outcome.Name(verdict.outcome)
+  kinds = {pb.Exploit.Name(e.kind) for e in verdict.exploits}
+  assert "ESCAPED" not in verdict.message, verdict.message
+  assert outcome in case.expect, (outcome, verdict.message, kinds)
+  assert case.exploits <= kinds, (kinds, verdict.message)
+  if case.honest:
+    assert not kinds, (kinds, verdict.message)
+
+
+def test_the_server_survived_the_suite(hostile):
+  srv, _ = hostile
+  health = health_pb2_grpc.HealthStub(srv.channel())
+  assert health.Check(health_pb2.HealthCheckRequest(), timeout=10).status == (
+      health_pb2.HealthCheckResponse.SERVING)
+  verdict = srv.stub().Verify(pb.VerifyRequest(
+      request_id="adv-after", reference_source=kernels.REFERENCE,
+      candidate_source=kernels.cpp_candidate("scaled_add")), timeout=300)
+  assert verdict.outcome == pb.OK, verdict.message
+  assert all(s.info["sandbox"].get("seccomp", "").startswith("on")
+             for s in srv.scheduler.pool.slots)

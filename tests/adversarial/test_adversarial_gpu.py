@@ -1,0 +1,147 @@
+"""The hostile suite on a GPU: every file in tests/adversarial/gpu/ must get its intended verdict.
+
+Each file is a KernelBench-format candidate whose first line says what it must get:
+  # adversarial-case: expect=OUTCOME[|OUTCOME] problem=NAME [exploits=KIND[|KIND]] [timeout=S]
+`problem` names the reference in tests/adversarial/problems/. Files starting with `honest_` must
+come back OK with no exploit at all (a finding there is a false positive); every other file must
+not come back OK, must get one of its outcomes, and must name its exploit kinds (otherwise it is a
+false negative). The fault cases (hangs, crashes, illegal addresses, OOM) also prove the worker
+is replaced: an honest candidate verified after the suite must still be OK.
+
+Output: a table per file on stdout, counts of false positives/negatives, and a JSON report in
+$DICE_REPORT_DIR/adversarial_gpu_report.json when that variable is set.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import concurrent.futures
+import json
+import os
+import pathlib
+import re
+import time
+
+import pytest
+
+from dice.verifier.v1 import verifier_pb2 as pb
+
+from verifier_service import checks
+
+import verifier_harness
+
+HERE = pathlib.Path(__file__).resolve().parent
+_HEADER = re.compile(r"^# adversarial-case: (.*)$", re.MULTILINE)
+
+
+def load_cases() -> list[dict]:
+  """Every case file with its header fields."""
+  cases = []
+  for path in sorted((HERE / "gpu").glob("*.py")):
+    text = path.read_text()
+    fields = dict(kv.split("=", 1) for kv in _HEADER.search(text).group(1).split())
+    cases.append({
+        "name": path.stem, "source": text,
+        "reference": (HERE / "problems" / f"{fields['problem']}.py").read_text(),
+        "expect": set(fields["expect"].split("|")),
+        "exploits": set(fields["exploits"].split("|")) if "exploits" in fields else set(),
+        "timeout": float(fields.get("timeout", 0)), "honest": path.stem.startswith("honest_")})
+  return cases
+
+
+def test_case_headers_parse_and_static_checks_agree():
+  """Runs everywhere (no GPU): headers are valid, and the static stage already refuses what it
+  should while letting every honest file through."""
+  cases = load_cases()
+  assert len(cases) >= 30 and sum(c["honest"] for c in cases) >= 5
+  known = set(pb.Outcome.keys())
+  for case in cases:
+    assert case["expect"] <= known and case["exploits"] <= set(pb.Exploit.keys()), case["name"]
+    report = checks.check_sources(case["reference"], case["source"])
+    if case["honest"]:
+      assert report.outcome is None, (case["name"], report.message)
+    elif report.outcome is not None:
+      assert report.outcome in case["expect"], (case["name"], report.message)
+      assert case["exploits"] <= {k for k, _ in report.exploits}, (case["name"], report.exploits)
+
+
+@pytest.fixture(scope="module")
+def gpu_server(cache_dir, toolchain):
+  slots = int(os.environ.get("DICE_VERIFIER_SLOTS_PER_GPU", "4"))
+  config = verifier_harness.make_config(
+      cache_dir, slots_per_gpu=slots, compile_workers=os.cpu_count() or 2, run_timeout_s=120.0,
+      timing_trials=20, queue_capacity=1024)
+  srv = verifier_harness.ServerThread(config, toolchain, grpc_server=False)
+  yield srv
+  srv.stop()
+
+
+def _row(case: dict, verdict: pb.Verdict, wall_s: float) -> dict:
+  kinds = sorted({pb.Exploit.Name(e.kind) for e in verdict.exploits})
+  outcome = pb.Outcome.Name(verdict.outcome)
+  if case["honest"]:
+    ok = outcome == "OK" and not kinds
+    error = "" if ok else "false positive"
+  else:
+    ok = outcome in case["expect"] and case["exploits"] <= set(kinds)
+    error = "" if ok else ("false negative" if outcome == "OK" else "wrong verdict")
+  return {"file": case["name"], "expected": "|".join(sorted(case["expect"])),
+          "expected_exploits": sorted(case["exploits"]), "got": outcome,
+          "stage": pb.Stage.Name(verdict.stage), "exploits": kinds, "ok": ok, "error": error,
+          "evidence": [e.evidence[:200] for e in verdict.exploits][:4],
+          "message": verdict.message[:300], "launched_kernels": list(verdict.launched_kernels),
+          "custom_kernel_time_fraction": round(verdict.custom_kernel_time_fraction, 3),
+          "forward_ops": list(verdict.forward_ops)[:8],
+          "speedup": round(verdict.timing.speedup, 3) if verdict.HasField("timing") else None,
+          "wall_s": round(wall_s, 1)}
+
+
+@pytest.mark.gpu
+def test_every_case_gets_its_verdict(gpu_server):
+  cases = load_cases()
+  started = time.monotonic()
+  extensions = [e for c in cases for e in checks.check_candidate(c["source"]).extensions]
+  unique = {e.fingerprint: e for e in extensions}
+
+  async def build_all():
+    return await asyncio.gather(*(gpu_server.scheduler.compiler.build(e, 900)
+                                  for e in unique.values()))
+
+  builds = gpu_server.call(build_all(), timeout=900)
+  compile_s = time.monotonic() - started
+  assert all(b.ok for b in builds), [b.log[-2000:] for b in builds if not b.ok]
+
+  def run(case):
+    t = time.monotonic()
+    options = pb.VerifyOptions(run_timeout_s=case["timeout"], num_timing_trials=20)
+    verdict = gpu_server.verify(pb.VerifyRequest(
+        request_id=f"adv-gpu-{case['name']}", reference_source=case["reference"],
+        candidate_source=case["source"], options=options))
+    return _row(case, verdict, time.monotonic() - t)
+
+  with concurrent.futures.ThreadPoolExecutor(16) as pool:
+    rows = list(pool.map(run, cases))
+  after = gpu_server.verify(pb.VerifyRequest(
+      request_id="adv-gpu-after", reference_source=(HERE / "problems" / "add_relu.py").read_text(),
+      candidate_source=(HERE / "gpu" / "honest_add_relu.py").read_text()))
+  counts = collections.Counter(r["error"] or "correct" for r in rows)
+  summary = {"counts": dict(counts), "compile_s": round(compile_s, 1),
+             "total_s": round(time.monotonic() - started, 1),
+             "after_suite": pb.Outcome.Name(after.outcome),
+             "worker_restarts": sum(s.restarts for s in gpu_server.scheduler.pool.slots),
+             "sandbox": gpu_server.scheduler.pool.slots[0].info.get("sandbox", {}), "rows": rows}
+  print(f"\n{'file':28} {'expected':22} {'got':14} {'exploits':44} ok   own%  speedup")
+  for r in rows:
+    print(f"{r['file']:28} {r['expected']:22} {r['got']:14} {','.join(r['exploits'])[:44]:44} "
+          f"{'yes' if r['ok'] else 'NO ':4} {100 * r['custom_kernel_time_fraction']:5.0f} "
+          f"{r['speedup'] if r['speedup'] is not None else '-'}")
+    if not r["ok"]:
+      print(f"    {r['error']}: {r['message'][:240]} | evidence: {r['evidence']}")
+  print("summary:", json.dumps({k: v for k, v in summary.items() if k != "rows"}))
+  report_dir = os.environ.get("DICE_REPORT_DIR")
+  if report_dir:
+    (pathlib.Path(report_dir) / "adversarial_gpu_report.json").write_text(
+        json.dumps(summary, indent=1))
+  assert after.outcome == pb.OK, after.message
+  assert not [r for r in rows if not r["ok"]], [r["file"] for r in rows if not r["ok"]]

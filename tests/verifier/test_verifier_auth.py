@@ -1,0 +1,93 @@
+"""Authentication beyond loopback: mutual TLS with certificates made here by openssl, and the
+refusal to listen publicly with neither a token nor mTLS."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+
+import grpc
+import pytest
+
+from dice.verifier.v1 import verifier_pb2 as pb
+from dice.verifier.v1 import verifier_pb2_grpc
+
+from verifier_service import server as server_lib
+
+import verifier_harness
+
+pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs openssl")
+
+
+def _openssl(*args: str, cwd) -> None:
+  subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True, timeout=60)
+
+
+def _ca(folder, name: str) -> None:
+  _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}.key", "-out",
+           f"{name}.pem", "-days", "2", "-subj", f"/CN={name}", cwd=folder)
+
+
+def _signed(folder, name: str, ca: str, san: str | None = None) -> None:
+  _openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}.key", "-out",
+           f"{name}.csr", "-subj", f"/CN={name}", cwd=folder)
+  extra = []
+  if san:
+    (folder / f"{name}.ext").write_text(f"subjectAltName={san}\n")
+    extra = ["-extfile", f"{name}.ext"]
+  _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", f"{ca}.pem", "-CAkey", f"{ca}.key",
+           "-CAcreateserial", "-out", f"{name}.pem", "-days", "2", *extra, cwd=folder)
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory):
+  folder = tmp_path_factory.mktemp("certs")
+  _ca(folder, "ca")
+  _ca(folder, "other-ca")
+  _signed(folder, "server", "ca", "IP:127.0.0.1,DNS:localhost")
+  _signed(folder, "client", "ca")
+  _signed(folder, "intruder", "other-ca")
+  return folder
+
+
+def _stub(target: str, certs, client: str | None):
+  kwargs = {"root_certificates": (certs / "ca.pem").read_bytes()}
+  if client:
+    kwargs.update(private_key=(certs / f"{client}.key").read_bytes(),
+                  certificate_chain=(certs / f"{client}.pem").read_bytes())
+  channel = grpc.secure_channel(target, grpc.ssl_channel_credentials(**kwargs))
+  return verifier_pb2_grpc.VerifierStub(channel)
+
+
+def test_mutual_tls_admits_only_clients_the_ca_signed(certs, cache_dir, toolchain):
+  config = verifier_harness.make_config(cache_dir, tls_cert=certs / "server.pem",
+                                        tls_key=certs / "server.key",
+                                        tls_client_ca=certs / "ca.pem")
+  srv = verifier_harness.ServerThread(config, toolchain)
+  try:
+    info = _stub(srv.target, certs, "client").GetInfo(pb.GetInfoRequest(), timeout=30)
+    assert info.queue_capacity == config.queue_capacity
+    for client in (None, "intruder"):
+      with pytest.raises(grpc.RpcError) as err:
+        _stub(srv.target, certs, client).GetInfo(pb.GetInfoRequest(), timeout=10)
+      assert err.value.code() == grpc.StatusCode.UNAVAILABLE, client
+    with pytest.raises(grpc.RpcError):  # and plaintext is not spoken at all
+      srv.stub().GetInfo(pb.GetInfoRequest(), timeout=10)
+  finally:
+    srv.stop()
+
+
+@pytest.mark.parametrize("overrides, insecure, refused", [
+    ({}, False, "without --auth-token-file or mTLS"),
+    ({}, True, ""),
+    ({"auth_token": "t"}, False, ""),
+    ({"tls_cert": "s.pem", "tls_key": "s.key", "tls_client_ca": "ca.pem"}, False, ""),
+    ({"tls_cert": "s.pem"}, False, "needs all of --tls-cert, --tls-key and --tls-client-ca"),
+])
+def test_public_listen_needs_authentication(tmp_path, overrides, insecure, refused):
+  config = verifier_harness.make_config(tmp_path, listen="0.0.0.0:0", **overrides)
+  if refused:
+    with pytest.raises(ValueError, match=refused):
+      server_lib.check_exposure(config, insecure)
+  else:
+    server_lib.check_exposure(config, insecure)
