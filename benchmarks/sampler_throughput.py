@@ -5,13 +5,15 @@ Random bf16 weights of an SDAR shape (its config.json), static mode, one token p
 Phases (each prints as it finishes; the table comes last):
   gen      `dice_jax.sampler.generate` end to end: batch x prompt, gen tokens -> generated tokens/s.
            The prompt prefill is timed on its own, so (total - prefill) / passes is the time of one
-           forward pass (a denoising step, or a block's cache pass). Per-pass bytes (weights + valid
-           KV read) and FLOPs give the HBM roofline (4.8 TB/s datasheet, and a copy bandwidth
-           measured here) and the compute roofline (989 TFLOP/s datasheet, and a measured matmul).
+           forward pass = one denoising step (a block's first step also runs the finished block
+           before it, storing its k/v: there are no separate cache passes). Per-pass bytes (weights
+           + valid cached KV read) and FLOPs give the HBM roofline (4.8 TB/s datasheet, and a copy
+           bandwidth measured here) and the compute roofline (989 TFLOP/s datasheet, and a measured
+           matmul).
   nocache  the reference sampler that recomputes the whole canvas each denoising step
            (kv_cache=False, block-causal mask, cuDNN attention): one step timed, times the steps.
   long     gen = 4096 at the largest batch that fits: the cached loop timed over windows of
-           iterations at its start and near its end (per-pass cost is linear in the valid
+           blocks at its start and near its end (per-pass cost is linear in the valid
            context), extrapolated over the rollout; the no-cache step likewise.
 The no-cache totals (and the long cached total) are extrapolations from timed steps, as printed.
 
@@ -74,11 +76,11 @@ def matmul_rate(n: int) -> float:
 @dataclasses.dataclass(frozen=True)
 class Work:
   """What one rollout of this shape does, counted from the loop's structure (every row: full length)."""
-  passes: int  # forward passes over one block (denoising steps + cache passes)
+  passes: int  # forward passes (= denoising steps: a block's first pass also stores the previous block)
   steps: int  # denoising steps
-  weight_bytes: float  # per pass (lm_head only on denoising steps; the embedding is gathered, not read)
-  kv_bytes: float  # per pass, average over the rollout (valid keys read, k and v, every layer)
-  matmul_flops: float  # per pass: projections, MLP, lm_head
+  weight_bytes: float  # per pass (the embedding is gathered, not read)
+  kv_bytes: float  # per pass, average over the rollout (valid cached keys read, k and v, every layer)
+  matmul_flops: float  # per pass, average: projections, MLP (b + 1 tokens a row on average), lm_head (b)
   attention_flops: float  # per pass, average: q.k and p.v over the valid keys
 
   @property
@@ -97,36 +99,49 @@ def count_work(mc: ModelConfig, batch: int, prompt: int, gen: int) -> Work:
   if prompt % b:
     raise ValueError("the roofline counts assume a prompt length that is a multiple of block_size")
   blocks = -(-gen // b)
-  steps, passes = blocks * b, blocks * (b + 1)  # one token per step; each block then one cache pass
-  valid = np.array([prompt + (k + 1) * b for k in range(blocks)], float)  # keys a block's queries read
-  mean_valid = float(np.sum(valid * (b + 1)) / passes)
+  steps = passes = blocks * b  # one token per step
+  # Block j's first pass runs 2b tokens (block j - 1 clean, block j noisy) and reads the cached prefix
+  # before block j - 1; its other b - 1 passes run b tokens and read the prefix before block j. The
+  # pass's own tokens' keys (fresh, b or 2b) are not read from memory.
+  read = np.array([[prompt + (j - 1) * b] + [prompt + j * b] * (b - 1) for j in range(blocks)], float)
+  queries = np.array([[2 * b] + [b] * (b - 1)] * blocks, float)
+  scores = queries * (read + queries)  # query x key pairs (fresh keys included, both blocks: an upper bound)
   d, h, g, k, f, v = (mc.hidden_size, mc.num_heads, mc.num_kv_heads, mc.head_dim, mc.intermediate_size,
                       mc.vocab_size)
   layer = d * h * k + 2 * d * g * k + h * k * d + 3 * d * f
-  head_share = steps / passes
-  tokens = batch * b
+  tokens = batch * float(queries.mean())
   return Work(passes=passes, steps=steps,
-              weight_bytes=2.0 * (mc.num_layers * layer + head_share * d * v),
-              kv_bytes=2.0 * 2 * mc.num_layers * g * k * batch * mean_valid,
-              matmul_flops=2.0 * tokens * (mc.num_layers * layer + head_share * d * v),
-              attention_flops=4.0 * tokens * h * k * mean_valid * mc.num_layers)
+              weight_bytes=2.0 * (mc.num_layers * layer + d * v),
+              kv_bytes=2.0 * 2 * mc.num_layers * g * k * batch * float(read.mean()),
+              matmul_flops=2.0 * (tokens * mc.num_layers * layer + batch * b * d * v),
+              attention_flops=4.0 * batch * h * k * float(scores.mean()) * mc.num_layers)
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "config"))
 def run_prefill(graphdef, state, prompt_BxP, lengths_B, config):
-  """Only the sampler's set-up: canvas, cache allocation and the prompt prefill (a checksum returned)."""
+  """Only the sampler's set-up: canvas, cache allocation and the prompt prefill (a checksum of slots the
+  prefill wrote, so that it is not optimised away)."""
   sampler = BlockSampler(graphdef, state, config, resolve(config, nnx.merge(graphdef, state).config))
   _, st = sampler.init(prompt_BxP, lengths_B)
-  return sum(jnp.sum(k[:, :, -1, 0].astype(jnp.float32)) for k, _ in st.cache)
+  return sum(jnp.sum(k[:, :, 0, 0].astype(jnp.float32) + v[:, :, 0, 0]) for k, v in st.cache)
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "config"))
-def run_window(graphdef, state, prompt_BxP, lengths_B, rng, first_block_offset, num_iterations, config):
-  """Prefill, then `num_iterations` loop iterations starting `first_block_offset` blocks in."""
+def run_window(graphdef, state, prompt_BxP, lengths_B, rng, first_block_offset, num_blocks, config):
+  """Prefill, then `num_blocks` whole blocks (all their steps) starting `first_block_offset` blocks in."""
   sampler = BlockSampler(graphdef, state, config, resolve(config, nnx.merge(graphdef, state).config))
   layout, st = sampler.init(prompt_BxP, lengths_B)
   st = st.replace(block=st.block + first_block_offset)
-  st = jax.lax.fori_loop(0, num_iterations, lambda i, s: sampler.body(layout, rng, s), st)
+  st = jax.lax.fori_loop(0, num_blocks, lambda i, s: sampler.block(layout, rng, s), st)
+  return st.step, st.canvas_BxS[:, :8]
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "config"))
+def run_steps(graphdef, state, prompt_BxP, lengths_B, rng, num_steps, config):
+  """Set-up, then `num_steps` denoising steps of the first block (the no-cache reference's step)."""
+  sampler = BlockSampler(graphdef, state, config, resolve(config, nnx.merge(graphdef, state).config))
+  layout, st = sampler.init(prompt_BxP, lengths_B)
+  st = jax.lax.fori_loop(0, num_steps, lambda i, s: sampler.step(layout, rng, s), st)
   return st.step, st.canvas_BxS[:, :8]
 
 
@@ -136,7 +151,8 @@ def inputs(batch: int, prompt: int, vocab: int):
 
 
 def window_times(graphdef, state, batch, prompt, gen, config, n: int, vocab: int) -> dict[str, float]:
-  """Prefill time, and per-pass seconds measured at the start and near the end of the rollout."""
+  """Prefill time, and per-pass seconds measured at the start and near the end of the rollout (windows
+  of whole blocks, n passes rounded up)."""
   p, lengths = inputs(batch, prompt, vocab)
   cfg = config.replace(gen_length=gen)
   t = time.perf_counter()
@@ -145,10 +161,11 @@ def window_times(graphdef, state, batch, prompt, gen, config, n: int, vocab: int
   run = lambda offset, iters: _timed(compiled, state, p, lengths, jax.random.key(0), offset, iters)  # noqa: E731
   run(0, 1)
   prefill = min(run(0, 0) for _ in range(2))
-  blocks = -(-gen // config.block_size)
-  late = max(blocks - 1 - -(-n // (config.block_size + 1)), 0)
-  start = (min(run(0, n) for _ in range(2)) - prefill) / n
-  end = (min(run(late, n) for _ in range(2)) - prefill) / n
+  b = config.block_size
+  blocks, window = -(-gen // b), -(-n // b)
+  late = max(blocks - 1 - window, 0)
+  start = (min(run(0, window) for _ in range(2)) - prefill) / (window * b)
+  end = (min(run(late, window) for _ in range(2)) - prefill) / (window * b)
   return dict(compile_s=compile_s, prefill_s=prefill, start_pass_s=start, end_pass_s=end)
 
 
@@ -163,9 +180,9 @@ def nocache_step(graphdef, state, batch, prompt, gen, config, vocab: int) -> tup
   p, lengths = inputs(batch, prompt, vocab)
   cfg = config.replace(gen_length=gen, kv_cache=False)
   t = time.perf_counter()
-  compiled = run_window.lower(graphdef, state, p, lengths, jax.random.key(0), 0, 0, cfg).compile()
+  compiled = run_steps.lower(graphdef, state, p, lengths, jax.random.key(0), 0, cfg).compile()
   compile_s = time.perf_counter() - t
-  run = lambda iters: _timed(compiled, state, p, lengths, jax.random.key(0), 0, iters)  # noqa: E731
+  run = lambda steps: _timed(compiled, state, p, lengths, jax.random.key(0), steps)  # noqa: E731
   run(1)
   return compile_s, run(1) - run(0)
 
@@ -192,7 +209,7 @@ def main() -> None:
   ap.add_argument("--gen", type=int, default=1024)
   ap.add_argument("--long-gen", type=int, default=4096)
   ap.add_argument("--long-batch", type=int, default=0, help="0: the largest that fits (capped at 256)")
-  ap.add_argument("--window", type=int, default=40, help="loop iterations per timing window")
+  ap.add_argument("--window", type=int, default=40, help="passes per timing window (whole blocks)")
   ap.add_argument("--attention", default="auto", choices=("auto", "pallas", "xla"), help="cached decode kernel")
   ap.add_argument("--phases", default="gen,nocache,long")
   ap.add_argument("--json", help="also write the results here")
@@ -219,7 +236,13 @@ def main() -> None:
                          decode_attention=args.attention)
   implementation = decode_attention.choose(args.attention)
   config = config.replace(block_size=mc.block_size)
-  results: dict[str, float] = dict(batch=args.batch, prompt=args.prompt, gen=args.gen)
+  results: dict[str, float | str] = dict(batch=args.batch, prompt=args.prompt, gen=args.gen)
+  results["optimisations"] = (
+      "cached decode: one q/k/v and one gate/up matmul per layer (weights merged before the loop); each block's "
+      "k/v stored by the next block's first step (no cache-filling passes); decode attention "
+      f"'{implementation}'" + (f" over the cached prefix, key splits of {decode_attention.PALLAS_SPLIT}, all of a kv "
+                               "head's query rows per program" if implementation == "pallas" else ""))
+  print(f"optimisations: {results['optimisations']}", flush=True)
   rows: list[tuple[str, str]] = []
   work = count_work(mc, args.batch, args.prompt, args.gen)
 

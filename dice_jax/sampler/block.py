@@ -1,24 +1,27 @@
-"""Block diffusion decoding (SDAR/TraDo) with an exact KV cache: one while_loop, static shapes.
+"""Block diffusion decoding (SDAR/TraDo) with an exact KV cache: nested while_loops, static shapes.
 
 Layout. Blocks are aligned to real positions from 0, as in training, so a prompt of length p ends
 inside its block p // b (b = block_size) and the first generated block also holds the prompt's last
 p % b tokens. To keep every row on the same block at the same time, row r is left-padded by whole
 blocks: its real position t sits at buffer slot t + shift_r, shift_r = b * (F - p_r // b), where
-F = P // b for the padded prompt width P. So every row's first generated block is buffer block F,
+F = P // b for the padded prompt width P (at least 1 with the cache). So every row's first generated block is buffer block F,
 and rows advance through blocks F, F+1, ..., F+N-1 in lockstep. Padding never enters attention:
 row r attends only slots [shift_r, end), and slots past its own prompt + gen_length are padding.
 
-Loop. Each iteration runs the model on the current block of every row:
-- a denoising step if any unfinished row still has masked tokens there: sample, commit by rule
-  (dice_jax.sampler.policy), record the trace. Its noisy k/v land in the block's cache slots and
-  are overwritten by the next pass over the same block.
-- otherwise a cache-filling pass (as SDAR's generate.py): the block's final clean tokens are run
-  once more, which stores their exact k/v, and the loop moves to the next block. Later blocks never
-  recompute the prefix. The last block needs no such pass.
-The prompt's complete blocks are prefilled in one pass before the loop. A row is finished once a
-block it completed contains an EOS; the loop ends when every row is finished or the last block is
-done. With `kv_cache=False` each denoising step instead recomputes the whole canvas under the
-block-causal mask (the reference the cached path is tested against) and blocks need no pass.
+Loop. An outer loop over blocks, an inner loop over the denoising steps of one block; every step
+runs the model on the current block of every row, samples, commits by rule
+(dice_jax.sampler.policy) and records the trace. With the KV cache a pass stores its k/v in the
+cache; the current block's noisy k/v are overwritten by the next pass over it. A block's exact k/v
+(from its final clean tokens, as SDAR's generate.py stores them) are computed in the first step of
+the *next* block: that pass runs the finished block (block-causally: the cached prefix and itself)
+and the new noisy block (the prefix, the finished block and itself) together, so a block costs
+its denoising steps only, with no separate cache-filling pass, and later blocks never recompute the
+prefix. The prompt's complete blocks but the last are prefilled in one pass before the loop; the
+last one is the "finished block" of the first step (the cached layout keeps at least one whole
+block before the first generated one, padding if the prompt is shorter than a block). A row is
+finished once a block it completed contains an EOS; the loop ends when every row is finished or
+the last block is done. With `kv_cache=False` each step instead recomputes the whole canvas under
+the block-causal mask (the reference the cached path is tested against).
 """
 
 from __future__ import annotations
@@ -52,9 +55,11 @@ class Layout:
     return self.num_blocks * self.block_size
 
 
-def make_layout(prompt_lengths_B: jax.Array, prompt_width: int, gen_length: int, block_size: int) -> Layout:
+def make_layout(prompt_lengths_B: jax.Array, prompt_width: int, gen_length: int, block_size: int,
+                min_first_block: int = 0) -> Layout:
+  """The layout above; `min_first_block` puts at least that many (padding) blocks before F."""
   b = block_size
-  first = prompt_width // b
+  first = max(prompt_width // b, min_first_block)
   gen_blocks = -(-(gen_length + b - 1) // b)  # enough for any prompt tail p % b <= b - 1
   length = (first + gen_blocks) * b
   lengths = prompt_lengths_B.astype(jnp.int32)
@@ -100,7 +105,7 @@ def _put_block(x_BxS: jax.Array, blk_Bxb: jax.Array, start: jax.Array) -> jax.Ar
 
 
 class BlockSampler:
-  """The pieces of one block-diffusion rollout (init, loop body/condition, finish), all traceable."""
+  """The pieces of one block-diffusion rollout (init, steps, the block loop, finish), all traceable."""
 
   def __init__(self, graphdef: nnx.GraphDef, state: nnx.State, config: SamplerConfig, settings: Resolved):
     self.decoder = Decoder(graphdef, state)
@@ -108,10 +113,10 @@ class BlockSampler:
     self.implementation = decode_attention.choose(config.decode_attention)
 
   def init(self, prompt_BxP: jax.Array, prompt_lengths_B: jax.Array) -> tuple[Layout, LoopState]:
-    """Canvas, cache (with the prompt's complete blocks prefilled) and counters."""
+    """Canvas, cache (with the prompt's complete blocks but the last prefilled) and counters."""
     s, cfg = self.settings, self.config
     batch, width = prompt_BxP.shape
-    layout = make_layout(prompt_lengths_B, width, cfg.gen_length, s.block_size)
+    layout = make_layout(prompt_lengths_B, width, cfg.gen_length, s.block_size, min_first_block=int(cfg.kv_cache))
     src_BxS = jnp.arange(layout.length)[None, :] - layout.shift_B[:, None]
     from_prompt = (src_BxS >= 0) & (src_BxS < prompt_lengths_B[:, None])
     prompt_tokens = jnp.take_along_axis(prompt_BxP, jnp.clip(src_BxS, 0, width - 1), axis=1)
@@ -123,7 +128,7 @@ class BlockSampler:
       cache = decode_attention.init_cache(
           mc.num_layers, batch, mc.num_kv_heads, decode_attention.cache_length(layout.length, self.implementation),
           mc.head_dim, mc.compute_dtype)
-      prefix = layout.first_block * layout.block_size
+      prefix = (layout.first_block - 1) * layout.block_size  # the first step stores block F - 1
       if prefix:
         x = self.decoder.embed(canvas[:, :prefix])
         _, kv = self.decoder.full(x, layout.positions_BxS[:, :prefix], block_causal_mask(layout, prefix),
@@ -142,56 +147,59 @@ class BlockSampler:
     return open_Bxb & ~st.done_B[:, None]
 
   def cond(self, layout: Layout, st: LoopState) -> jax.Array:
-    start = st.block * layout.block_size
-    last = st.block >= layout.num_blocks - 1
-    more = ~last | jnp.any(self._masked(layout, st, start))
-    return more & (st.block < layout.num_blocks) & ~jnp.all(st.done_B)
+    """The current block has a masked token in an unfinished row (so a denoising step is due)."""
+    return (st.block < layout.num_blocks) & jnp.any(self._masked(layout, st, st.block * layout.block_size))
 
   def _hidden_full(self, layout: Layout, canvas_BxS: jax.Array, start: jax.Array) -> jax.Array:
     x = self.decoder.full(self.decoder.embed(canvas_BxS), layout.positions_BxS,
                           block_causal_mask(layout, layout.length))
     return jax.lax.dynamic_slice_in_dim(x, start, layout.block_size, axis=1)
 
-  def _hidden_cached(self, layout: Layout, st: LoopState, start: jax.Array) -> tuple[jax.Array, KVCache]:
+  def _hidden_cached(self, layout: Layout, st: LoopState, start: jax.Array, with_previous: bool
+                     ) -> tuple[jax.Array, KVCache]:
+    """The current block's hidden states through the cache; `with_previous`: the pass also runs the
+    finished block before it (clean), storing its exact k/v."""
     b = layout.block_size
-    x = self.decoder.embed(_slice_block(st.canvas_BxS, start, b))
-    end_B = jnp.minimum(start + b, layout.gen_end_B)
-    return self.decoder.cached(x, _slice_block(layout.positions_BxS, start, b), st.cache, start, layout.shift_B,
-                               end_B, self.implementation)
+    first = start - b if with_previous else start
+    num = 2 * b if with_previous else b
+    x = self.decoder.embed(jax.lax.dynamic_slice_in_dim(st.canvas_BxS, first, num, axis=1))
+    block_end_Q = first + b * (jnp.arange(num) // b + 1)  # each token sees up to the end of its own block
+    ends_BxQ = jnp.minimum(block_end_Q[None, :], layout.gen_end_B[:, None])
+    hidden, cache = self.decoder.cached(x, jax.lax.dynamic_slice_in_dim(layout.positions_BxS, first, num, axis=1),
+                                        st.cache, first, layout.shift_B, ends_BxQ, self.implementation)
+    return hidden[:, num - b:], cache
 
-  def body(self, layout: Layout, rng: jax.Array, st: LoopState) -> LoopState:
+  def step(self, layout: Layout, rng: jax.Array, st: LoopState, with_previous: bool = False) -> LoopState:
+    """One denoising step on the current block (which must have a masked token)."""
     b, s, cfg = layout.block_size, self.settings, self.config
     start = st.block * b
     masked_Bxb = self._masked(layout, st, start)
-    hidden, cache = None, None
-    if cfg.kv_cache:  # every pass stores the block's k/v; outside the cond so buffers stay in place
-      hidden, cache = self._hidden_cached(layout, st, start)
-    small = st.replace(cache=None)
+    if cfg.kv_cache:
+      h, cache = self._hidden_cached(layout, st, start, with_previous)
+    else:
+      h, cache = self._hidden_full(layout, st.canvas_BxS, start), None
+    tokens_Bxb, logp_Bxb, conf_Bxb = policy.sample_tokens(
+        self.decoder.head(h), jax.random.fold_in(rng, st.step), cfg, s.mask_id)
+    commit = policy.select_commits(conf_Bxb, masked_Bxb, st.block_step, s.steps_per_block, cfg)
+    blk = jnp.where(commit, tokens_Bxb, _slice_block(st.canvas_BxS, start, b))
+    steps = jnp.where(commit, st.step, _slice_block(st.commit_step_BxS, start, b))
+    logps = jnp.where(commit, logp_Bxb, _slice_block(st.logprob_BxS, start, b))
+    row_complete = ~jnp.any(masked_Bxb & ~commit, axis=1)
+    eos_here = jnp.any(_slice_block(layout.gen_BxS, start, b) & jnp.isin(blk, jnp.asarray(s.eos_ids or (-1,))),
+                       axis=1)
+    return st.replace(
+        canvas_BxS=_put_block(st.canvas_BxS, blk, start),
+        commit_step_BxS=_put_block(st.commit_step_BxS, steps, start),
+        logprob_BxS=_put_block(st.logprob_BxS, logps, start),
+        done_B=st.done_B | (row_complete & eos_here),
+        block_step=st.block_step + 1, step=st.step + 1, cache=cache)
 
-    def advance(small: LoopState) -> LoopState:
-      return small.replace(block=small.block + 1, block_step=jnp.zeros_like(small.block_step))
-
-    def denoise(small: LoopState) -> LoopState:
-      h = hidden if cfg.kv_cache else self._hidden_full(layout, small.canvas_BxS, start)
-      tokens_Bxb, logp_Bxb, conf_Bxb = policy.sample_tokens(
-          self.decoder.head(h), jax.random.fold_in(rng, small.step), cfg, s.mask_id)
-      commit = policy.select_commits(conf_Bxb, masked_Bxb, small.block_step, s.steps_per_block, cfg)
-      blk = _slice_block(small.canvas_BxS, start, b)
-      blk = jnp.where(commit, tokens_Bxb, blk)
-      steps = jnp.where(commit, small.step, _slice_block(small.commit_step_BxS, start, b))
-      logps = jnp.where(commit, logp_Bxb, _slice_block(small.logprob_BxS, start, b))
-      row_complete = ~jnp.any(masked_Bxb & ~commit, axis=1)
-      eos_here = jnp.any(_slice_block(layout.gen_BxS, start, b) & jnp.isin(blk, jnp.asarray(s.eos_ids or (-1,))),
-                         axis=1)
-      return small.replace(
-          canvas_BxS=_put_block(small.canvas_BxS, blk, start),
-          commit_step_BxS=_put_block(small.commit_step_BxS, steps, start),
-          logprob_BxS=_put_block(small.logprob_BxS, logps, start),
-          done_B=small.done_B | (row_complete & eos_here),
-          block_step=small.block_step + 1, step=small.step + 1)
-
-    small = jax.lax.cond(jnp.any(masked_Bxb), denoise, advance, small)
-    return small.replace(cache=cache)
+  def block(self, layout: Layout, rng: jax.Array, st: LoopState) -> LoopState:
+    """All denoising steps of the current block (the first one also stores the previous block's
+    k/v), then on to the next block."""
+    st = self.step(layout, rng, st, with_previous=self.config.kv_cache)
+    st = jax.lax.while_loop(lambda st: self.cond(layout, st), lambda st: self.step(layout, rng, st), st)
+    return st.replace(block=st.block + 1, block_step=jnp.zeros_like(st.block_step))
 
   def finish(self, layout: Layout, st: LoopState) -> Rollout:
     b, s = layout.block_size, self.settings
@@ -208,5 +216,5 @@ def generate_block(graphdef: nnx.GraphDef, state: nnx.State, prompt_BxP: jax.Arr
   """A whole block-diffusion rollout (traceable; dice_jax.sampler.api jits it)."""
   sampler = BlockSampler(graphdef, state, config, settings)
   layout, st = sampler.init(prompt_BxP, prompt_lengths_B)
-  st = jax.lax.while_loop(lambda st: sampler.cond(layout, st), lambda st: sampler.body(layout, rng, st), st)
+  st = jax.lax.while_loop(lambda st: sampler.cond(layout, st), lambda st: sampler.block(layout, rng, st), st)
   return sampler.finish(layout, st)

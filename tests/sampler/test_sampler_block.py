@@ -5,11 +5,12 @@ from __future__ import annotations
 import jax
 import numpy as np
 import pytest
-from sampler_testlib import MASK_ID, PROMPTS, sdar_model  # noqa: F401  (a fixture)
+from sampler_testlib import MASK_ID, PROMPTS, peaked, sdar_model  # noqa: F401  (a fixture)
 from flax import nnx
 from sampler_replay import replay
 
 from dice_jax import sharding
+from dice_jax.model import transformer
 from dice_jax.sampler import SamplerConfig, generate, sample
 from dice_jax.sampler.config import resolve
 from dice_jax.sampler.policy import NEVER
@@ -25,7 +26,8 @@ def greedy_rollout(sdar_model):
 
 
 def test_cache_equals_recomputing_everything(sdar_model, greedy_rollout):
-  """The cached path (prefill + per-block k/v) gives the no-cache reference's tokens, trace and log-probs."""
+  """The cached path (prefill, each block's k/v stored by the next block's first step) gives the no-cache
+  reference's tokens, trace and log-probs."""
   ref = sample(sdar_model, PROMPTS, jax.random.key(0), GREEDY.replace(kv_cache=False))
   np.testing.assert_array_equal(greedy_rollout.tokens, ref.tokens)
   np.testing.assert_array_equal(greedy_rollout.commit_step, ref.commit_step)
@@ -34,6 +36,30 @@ def test_cache_equals_recomputing_everything(sdar_model, greedy_rollout):
   # first block 4 (row 3), two full blocks, last block 3 (row 0's 15th slot)).
   assert int(greedy_rollout.num_steps) == int(ref.num_steps) == 4 + 4 + 4 + 3
   assert np.asarray(greedy_rollout.valid).all() and not np.asarray(greedy_rollout.finished).any()
+
+
+def test_cache_with_prompts_shorter_than_a_block(sdar_model):
+  """The cached layout then starts with a whole padding block (the first step's "finished block")."""
+  prompts = [[5, 6], [7], [8, 9, 10]]
+  cached = sample(sdar_model, prompts, jax.random.key(2), SAMPLED)
+  ref = sample(sdar_model, prompts, jax.random.key(2), SAMPLED.replace(kv_cache=False))
+  np.testing.assert_array_equal(cached.tokens, ref.tokens)
+  np.testing.assert_array_equal(cached.commit_step, ref.commit_step)
+  np.testing.assert_allclose(cached.logprobs, ref.logprobs, atol=1e-5)
+
+
+def test_cache_with_qkv_bias_and_without_qk_norm(sdar_model):
+  """The decoder's merged q/k/v projection (and its merged bias) for the other attention variants."""
+  config = sdar_model.config.replace(qkv_bias=True, qk_norm=False)
+  graphdef, state = nnx.split(peaked(transformer.init_model(config, seed=4)))
+  keys = iter(jax.random.split(jax.random.key(9), 3))
+  state = jax.tree_util.tree_map_with_path(  # the biases start at zero: make them matter
+      lambda path, a: jax.random.normal(next(keys), a.shape, a.dtype) if "bias" in str(path[-2:]) else a, state)
+  model = nnx.merge(graphdef, state)
+  cached = sample(model, PROMPTS, jax.random.key(0), GREEDY)
+  ref = sample(model, PROMPTS, jax.random.key(0), GREEDY.replace(kv_cache=False))
+  np.testing.assert_array_equal(cached.tokens, ref.tokens)
+  np.testing.assert_allclose(cached.logprobs, ref.logprobs, atol=5e-5)  # unit-scale biases: larger logits
 
 
 def test_trace_replays_through_the_model(sdar_model, greedy_rollout):

@@ -28,27 +28,35 @@ def _relative_error(got, want) -> float:
   return float(np.linalg.norm(got - want) / np.linalg.norm(want))
 
 
-def test_triton_kernel_matches_xla_attention():
+@pytest.mark.parametrize("num_queries", [4, 8])  # a denoising step; the first step of a block (two blocks)
+def test_triton_kernel_matches_xla_attention(num_queries):
   assert decode_attention.choose("auto") == "pallas"
   rng = np.random.default_rng(0)
-  b, q, h, g, d = 16, 4, 32, 8, 128  # SDAR-4B heads: 16 query rows per kv head
-  s = decode_attention.cache_length(1540, "pallas")
-  qs = jnp.asarray(rng.normal(size=(b, q, h, d)), jnp.bfloat16)
+  b, h, g, d = 16, 32, 8, 128  # SDAR-4B heads: 16 (or 32) query rows per kv head
+  s = decode_attention.cache_length(1600, "pallas")  # room for slots [1532, 1540)
+  qs = jnp.asarray(rng.normal(size=(b, num_queries, h, d)), jnp.bfloat16)
+  k_new, v_new = (jnp.asarray(rng.normal(size=(b, num_queries, g, d)), jnp.bfloat16) for _ in range(2))
   ks, vs = (jnp.asarray(rng.normal(size=(b, g, s, d)), jnp.bfloat16) for _ in range(2))
+  at = jnp.int32(1532)
   start = jnp.asarray(rng.integers(0, 4, b) * 4, jnp.int32)
-  end = jnp.asarray(rng.integers(8, 1540, b), jnp.int32)
-  attend = jax.jit(decode_attention.attend_cache, static_argnums=5)
-  want = attend(qs.astype(jnp.float32), ks.astype(jnp.float32), vs.astype(jnp.float32), start, end, "xla")
-  assert _relative_error(attend(qs, ks, vs, start, end, "pallas"), want) < 1e-2
+  block_end = 1532 + 4 * (np.arange(num_queries) // 4 + 1)
+  ends = jnp.asarray(np.minimum(block_end[None], rng.integers(1533, 1541, b)[:, None]), jnp.int32)
+  attend = jax.jit(decode_attention.update_and_attend, static_argnums=8)
+  f32 = lambda x: x.astype(jnp.float32)  # noqa: E731
+  want, k_want, _ = attend(f32(qs), f32(k_new), f32(v_new), f32(ks), f32(vs), at, start, ends, "xla")
+  got, k_got, _ = attend(qs, k_new, v_new, ks, vs, at, start, ends, "pallas")
+  assert _relative_error(got, want) < 1e-2
+  np.testing.assert_array_equal(np.asarray(f32(k_got)), np.asarray(k_want))
 
 
 @functools.partial(jax.jit, static_argnums=(0, 4))
 def _first_step_logits(graphdef, state, prompt, lengths, config):
-  """Logits of the first generated block: through the cache (prefill + Triton) and by full recompute."""
+  """Logits of the first generated block: through the cache (prefill, then the first step's pass over the
+  prompt's last complete block and the first generated one, Triton) and by full recompute."""
   sampler = BlockSampler(graphdef, state, config, resolve(config, nnx.merge(graphdef, state).config))
   layout, st = sampler.init(prompt, lengths)
   start = st.block * layout.block_size
-  cached, _ = sampler._hidden_cached(layout, st, start)  # noqa: SLF001
+  cached, _ = sampler._hidden_cached(layout, st, start, with_previous=True)  # noqa: SLF001
   full = sampler._hidden_full(layout, st.canvas_BxS, start)  # noqa: SLF001
   return sampler.decoder.head(cached), sampler.decoder.head(full)
 

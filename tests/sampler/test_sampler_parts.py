@@ -64,37 +64,67 @@ def test_pad_batch_checks_and_pads():
     pad_batch([[1, -1]], what="prompt", vocab_size=10)
 
 
-def _dense(q, k, v, start, end):
-  """Softmax attention over slots [start, end) of each row, by repetition of kv heads: the definition."""
+def _dense(q, k, v, start, ends):
+  """Softmax attention of query q of row b over slots [start[b], ends[b, q]), kv heads repeated: the definition."""
   b, n_q, h, d = q.shape
   rep = h // k.shape[1]
   k, v = np.repeat(np.asarray(k), rep, axis=1), np.repeat(np.asarray(v), rep, axis=1)  # [B, H, S, K]
   scores = np.einsum("bqhk,bhsk->bhqs", q, k) / np.sqrt(d)
   slot = np.arange(k.shape[2])
-  ok = (slot >= np.asarray(start)[:, None]) & (slot < np.asarray(end)[:, None])
-  scores = np.where(ok[:, None, None], scores, -np.inf)
+  ok = (slot >= np.asarray(start)[:, None, None]) & (slot < np.asarray(ends)[:, :, None])  # [B, Q, S]
+  scores = np.where(ok[:, None], scores, -np.inf)
   p = np.exp(scores - scores.max(-1, keepdims=True))
   return np.einsum("bhqs,bhsk->bqhk", p / p.sum(-1, keepdims=True), v)
 
 
-def test_cache_attention_kernels_match_the_definition():
-  rng = np.random.default_rng(0)
-  b, q, h, g, d, s = 4, 4, 4, 2, 16, decode_attention.PALLAS_SPLIT * 2
-  qs = jnp.asarray(rng.normal(size=(b, q, h, d)), jnp.float32)
-  ks, vs = (jnp.asarray(rng.normal(size=(b, g, s, d)), jnp.float32) for _ in range(2))
-  start, end = jnp.array([0, 8, 4, 260]), jnp.array([12, 300, 9, 512])
-  want = _dense(np.asarray(qs), ks, vs, start, end)
-  np.testing.assert_allclose(decode_attention.attend_cache(qs, ks, vs, start, end, "xla"), want, atol=1e-5)
-  got = decode_attention.attend_cache(qs, ks, vs, start, end, "pallas")  # interpreted off GPU
-  np.testing.assert_allclose(got, want, atol=1e-5)
+@pytest.mark.parametrize("num_queries", [4, 8])  # a block; a finished block and the next (per-query bounds)
+def test_cache_attention_kernels_match_the_definition(num_queries):
+  """update_and_attend: fresh k/v land at [at, at + Q) and each query sees [start, its own bound)."""
+  rng = np.random.default_rng(num_queries)
+  b, h, g, d, s = 4, 4, 2, 16, decode_attention.PALLAS_SPLIT * 2
+  at = jnp.int32(600)
+  qs = jnp.asarray(rng.normal(size=(b, num_queries, h, d)), jnp.float32)
+  k_new, v_new = (jnp.asarray(rng.normal(size=(b, num_queries, g, d)), jnp.float32) for _ in range(2))
+  k_cache, v_cache = (jnp.asarray(rng.normal(size=(b, g, s, d)), jnp.float32) for _ in range(2))
+  start = jnp.array([0, 8, 4, 596])  # row 3: its prefix is 4 slots; row 0 reads across the kernel's splits
+  block_end = 600 + 4 * (np.arange(num_queries) // 4 + 1)
+  ends = jnp.asarray(np.minimum(block_end[None], np.array([[700], [700], [602], [700]])))  # row 2 ends mid-block
+  k_all = np.asarray(k_cache).copy()
+  v_all = np.asarray(v_cache).copy()
+  k_all[:, :, 600:600 + num_queries] = np.swapaxes(np.asarray(k_new), 1, 2)
+  v_all[:, :, 600:600 + num_queries] = np.swapaxes(np.asarray(v_new), 1, 2)
+  want = _dense(np.asarray(qs), k_all, v_all, start, ends)
+
+  def run(impl):
+    return decode_attention.update_and_attend(qs, k_new, v_new, k_cache, v_cache, at, start, ends, impl)
+
+  for impl in ("xla", "pallas"):  # pallas: interpreted off GPU
+    got, k_out, v_out = run(impl)
+    np.testing.assert_allclose(got, want, atol=1e-5, err_msg=impl)
+    np.testing.assert_array_equal(k_out, k_all)
+    np.testing.assert_array_equal(v_out, v_all)
   mesh = sharding.make_mesh(2, 2, 2)  # batch over data x fsdp, kv heads over tensor: the kernel runs per shard
   with jax.set_mesh(mesh):
-    spec = sharding.logical_to_spec(("batch", "act_heads", None, None), ks.shape, mesh)
+    spec = sharding.logical_to_spec(("batch", "act_heads", None, None), k_cache.shape, mesh)
     put = lambda x, sp: jax.device_put(x, jax.sharding.NamedSharding(mesh, sp))  # noqa: E731
     row = jax.sharding.PartitionSpec(spec[0])
-    sharded = jax.jit(lambda *a: decode_attention.attend_cache(*a, "pallas"))(
-        put(qs, row), put(ks, spec), put(vs, spec), put(start, row), put(end, row))
+    sharded, _, _ = jax.jit(lambda *a: decode_attention.update_and_attend(*a, "pallas"))(
+        put(qs, row), put(k_new, row), put(v_new, row), put(k_cache, spec), put(v_cache, spec), at,
+        put(start, row), put(ends, row))
   np.testing.assert_allclose(sharded, want, atol=1e-5)
+
+
+def test_cache_attention_rows_without_keys_stay_finite():
+  """Padding queries (a finished block that is all left padding) see no key at all: garbage, never NaN."""
+  qs = jnp.ones((1, 8, 2, 16))
+  k_new = v_new = jnp.ones((1, 8, 1, 16))
+  cache = jnp.zeros((1, 1, decode_attention.PALLAS_SPLIT, 16))
+  ends = jnp.array([[4] * 4 + [8] * 4])
+  for impl in ("xla", "pallas"):
+    got, _, _ = decode_attention.update_and_attend(qs, k_new, v_new, cache, cache, jnp.int32(0), jnp.array([4]),
+                                                   ends, impl)
+    assert np.isfinite(np.asarray(got)).all(), impl
+    np.testing.assert_allclose(got[0, 4:], 1.0, rtol=1e-6)  # the real queries: the mean of their values
 
 
 def test_cache_write_lands_at_the_slot():
