@@ -2,29 +2,42 @@
 
 Default shape: Qwen3-1.7B / SDAR-1.7B dimensions (hidden 2048, 28 layers, 16 heads, 8 kv heads,
 head_dim 128, intermediate 6144, vocab 151936), sequence 2048, bf16 compute, float32 master
-weights, AdamW with global-norm clipping, one device. Three steps are measured:
+weights, AdamW with global-norm clipping, one device, remat "none" by default. Three steps are
+measured, all at the same batch (default 4 sequences: the two-copy step's 2L-token forward pass
+must fit without remat too) and the same remat policy:
 
   reference       a straightforward scan-over-layers transformer written in plain JAX (same weights,
                   same loss), jax.nn.dot_product_attention with cuDNN, bidirectional
-  bidirectional   dice_jax: the masked-diffusion (LLaDA) objective, bidirectional attention
-  two_copy        dice_jax: SDAR's block-diffusion objective on [x_t | x_0] (2L tokens per sequence)
+  bidirectional   dice_jax: the masked-diffusion (LLaDA) objective, bidirectional attention (one
+                  cuDNN flash call per layer, no mask)
+  two_copy        dice_jax: SDAR's block-diffusion objective on [x_t | x_0] (2L tokens per sequence;
+                  two cuDNN calls per layer: noisy queries over [x_t | x_0], clean block-causal)
 
+dice_jax's loss runs the lm_head and cross-entropy in sequence chunks straight from the hidden
+states (dice_jax.diffusion.chunked_xent: no float32 BxLxV logits) and skips chunks without a
+response token (here the first L/4 positions are the prompt); the reference materialises the logits
+everywhere, as a straightforward step does. Both are charged the same model FLOPs.
 MFU = model FLOPs / step time / peak (989e12, H200 bf16 dense). Model FLOPs = 6 * (matmul
 parameters x tokens through them) + attention, where attention counts 12 * heads * head_dim per
 *allowed* (query, key) pair (fwd + bwd), i.e. the mask's density: all pairs for bidirectional,
 about half of the 2L x 2L pairs for the two-copy mask. Throughput is also given per training
 sequence so the two objectives compare directly. Each step is lowered and compiled first and its
-compiled memory analysis logged, so a shape that does not fit fails in seconds.
+compiled memory analysis logged (and on GPU the number of cuDNN attention calls in its HLO), so a
+shape that does not fit fails in seconds. The process may use 90% of the GPU's memory
+(XLA_PYTHON_CLIENT_MEM_FRACTION, unless set).
 
-  python benchmarks/model_mfu.py                 # on the GPU (the lead runs this)
+  python benchmarks/model_mfu.py                 # on the GPU (the lead runs this); --batch 8 if it fits
   python benchmarks/model_mfu.py --tiny          # toy shape on CPU, checks the script works
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import dataclasses
 import functools
+import os
+import re
 import sys
 import time
 import traceback
@@ -150,6 +163,9 @@ def run_step(name, loss_fn, params, tx, batch, length, vocab, steps, warmup, flo
         + (f"arguments {mem.argument_size_in_bytes / 2**30:.2f} GiB, outputs {mem.output_size_in_bytes / 2**30:.2f} GiB, "
            f"temporaries {mem.temp_size_in_bytes / 2**30:.2f} GiB, generated code {mem.generated_code_size_in_bytes / 2**20:.1f} MiB"
            if mem is not None else "n/a"), flush=True)
+  if jax.default_backend() == "gpu":  # which attention kernels the step really runs (fwd + bwd)
+    calls = collections.Counter(re.findall(r'custom_call_target="(__cudnn\$fmha\w*)"', compiled.as_text()))
+    print(f"[{name}] cuDNN attention calls in the compiled step: {dict(calls) or 'NONE'}", flush=True)
   losses_seen = []
   for i in range(warmup + steps):
     if i == warmup:
@@ -169,9 +185,9 @@ def run_step(name, loss_fn, params, tx, batch, length, vocab, steps, warmup, flo
 def main(argv=None) -> int:
   parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--tiny", action="store_true", help="toy shape (CPU check): 2 layers, hidden 64, seq 64")
-  parser.add_argument("--batch", type=int, default=None, help="sequences per step (default 8; tiny 2)")
+  parser.add_argument("--batch", type=int, default=None, help="sequences per step, every variant (default 4; tiny 2)")
   parser.add_argument("--two-copy-batch", type=int, default=None,
-                      help="sequences per two-copy step (default batch/2: the same 2L-token forward size)")
+                      help="sequences per two-copy step (default: --batch; its forward pass holds 2L tokens each)")
   parser.add_argument("--seq", type=int, default=None, help="sequence length L (default 2048; tiny 64)")
   parser.add_argument("--steps", type=int, default=10, help="timed steps per variant")
   parser.add_argument("--warmup", type=int, default=2, help="untimed steps per variant")
@@ -181,8 +197,9 @@ def main(argv=None) -> int:
   parser.add_argument("--variants", default="reference,bidirectional,two_copy", help="comma-separated subset")
   args = parser.parse_args(argv)
 
-  batch = args.batch or (2 if args.tiny else 8)
-  two_copy_batch = args.two_copy_batch or max(1, batch // 2)
+  os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.9")  # read when JAX first touches the GPU
+  batch = args.batch or (2 if args.tiny else 4)
+  two_copy_batch = args.two_copy_batch or batch
   length = args.seq or (64 if args.tiny else 2048)
   cfg = ModelConfig(**(TINY if args.tiny else QWEN3_1_7B), dtype="bfloat16", param_dtype="float32", remat=args.remat,
                     attention_impl=args.attention_impl)

@@ -10,6 +10,10 @@ fine; as a *jit argument* pass an AttentionMask (a pytree whose kind is static) 
 `model(tokens_BxL, attention="block_causal")` is the same computation called eagerly.
 Parameters are stacked over layers ([num_layers, ...]) whether or not `scan_layers` is on, so a
 checkpoint, the sharding rules and the optimizer state look the same either way.
+
+Training losses and RL scoring stop before the head: `model.hidden_states(...)` gives the final-norm
+outputs, `model.logits(x)` / `model.head_weights()` apply or expose the lm_head, so a loss never
+needs the full float32 BxLxV logits (dice_jax.diffusion.chunked_xent).
 """
 
 from __future__ import annotations
@@ -79,6 +83,28 @@ class Transformer(nnx.Module):
     """Logits BxLxV (float32) at every position, or at positions [logits_slice[0], logits_slice[1])
     (static ints: e.g. (0, L) keeps only the noisy half of a two-copy pass).
 
+    Equals `self.logits(self.align_to_tokens(self.hidden_states(...)))[:, slice]`; the other
+    arguments are those of `hidden_states`.
+    """
+    out = self.hidden_states(tokens_BxL, attention, positions_BxL=positions_BxL, kv_prefix=kv_prefix,
+                             return_kv=return_kv)
+    x_BxLxD, kv = out if return_kv else (out, None)
+    x_BxLxD = self.align_to_tokens(x_BxLxD)
+    if logits_slice is not None:
+      x_BxLxD = x_BxLxD[:, logits_slice[0]:logits_slice[1]]
+    logits_BxLxV = self.logits(x_BxLxD)
+    return (logits_BxLxV, kv) if return_kv else logits_BxLxV
+
+  def hidden_states(self, tokens_BxL: jax.Array, attention: str | masks.AttentionMask | None = None, *,
+                    positions_BxL: jax.Array | None = None, kv_prefix: KVCache | None = None,
+                    return_kv: bool = False):
+    """What the lm_head multiplies: the last layer's output after the final norm, BxLxD (compute dtype).
+
+    Position i holds the output *at* token i, not shifted for Dream-style models (`align_to_tokens`
+    does that), so callers that gather a few positions before the head (RL scoring) index it
+    directly, and a loss can run the head in chunks (dice_jax.diffusion.chunked_xent) instead of
+    materialising BxLxV logits.
+
     attention: a kind name ("block_causal", "bidirectional", "causal", "two_copy") or an
       AttentionMask; default: the architecture's (config.attention).
     positions_BxL: RoPE positions; default 0..L-1 (two_copy: 0..L/2-1 twice).
@@ -97,16 +123,26 @@ class Transformer(nnx.Module):
     x_BxLxD = jnp.take(table_VxD, tokens_BxL, axis=0).astype(cfg.compute_dtype)
     x_BxLxD = sharding.constrain(x_BxLxD, ("batch", "length", "act_embed"))
     x_BxLxD, kv = self._run_layers(x_BxLxD, positions_BxL, mask, kv_prefix, return_kv)
-    if cfg.logits_shift:  # Dream: hidden state i predicts token i+1; move it to position i+1
-      x_BxLxD = jnp.concatenate([x_BxLxD[:, :1], x_BxLxD[:, :-1]], axis=1)
-    if logits_slice is not None:
-      x_BxLxD = x_BxLxD[:, logits_slice[0]:logits_slice[1]]
     x_BxLxD = self.final_norm(x_BxLxD)
-    head_DxV = self.embed[...].T if cfg.tie_word_embeddings else self.lm_head[...]
-    logits_BxLxV = jnp.einsum("bld,dv->blv", x_BxLxD, head_DxV.astype(cfg.compute_dtype),
+    return (x_BxLxD, kv) if return_kv else x_BxLxD
+
+  def align_to_tokens(self, x_BxLxD: jax.Array) -> jax.Array:
+    """Dream (logits_shift): hidden state i predicts token i+1, so move it to position i+1 (position
+    0 repeats state 0). Identity for every other architecture."""
+    if not self.config.logits_shift:
+      return x_BxLxD
+    return jnp.concatenate([x_BxLxD[:, :1], x_BxLxD[:, :-1]], axis=1)
+
+  def head_weights(self) -> jax.Array:
+    """The lm_head as DxV in the parameter dtype (the embedding, transposed, when tied)."""
+    return self.embed[...].T if self.config.tie_word_embeddings else self.lm_head[...]
+
+  def logits(self, x_BxLxD: jax.Array) -> jax.Array:
+    """lm_head of hidden states: float32 BxLxV logits from a compute-dtype matmul."""
+    head_DxV = self.head_weights().astype(self.config.compute_dtype)
+    logits_BxLxV = jnp.einsum("bld,dv->blv", x_BxLxD.astype(self.config.compute_dtype), head_DxV,
                               preferred_element_type=jnp.float32)
-    logits_BxLxV = sharding.constrain(logits_BxLxV, ("batch", "length", "act_vocab"))
-    return (logits_BxLxV, kv) if return_kv else logits_BxLxV
+    return sharding.constrain(logits_BxLxV, ("batch", "length", "act_vocab"))
 
   def _run_layers(self, x_BxLxD, positions_BxL, mask, kv_prefix, return_kv):
     cfg = self.config

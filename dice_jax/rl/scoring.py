@@ -19,8 +19,8 @@ Bidirectional models (LLaDA, Dream): nothing can be shared between states (every
 every other), so each state is its own canvas `[prompt | generated region]` with padding keys
 removed, as the sampler's canvas: C full forward passes per row.
 
-Only the positions that are scored reach the lm_head (hidden states are gathered first), so the
-head costs B x G x V, not B x (L + C n) x V.
+Only the positions that are scored reach the lm_head (`Transformer.hidden_states` are gathered
+first, then `Transformer.logits`), so the head costs B x G x V, not B x (L + C n) x V.
 """
 
 from __future__ import annotations
@@ -31,13 +31,10 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from dice_jax import sharding
 from dice_jax.model import masks
 from dice_jax.model.config import ModelConfig
 from dice_jax.sampler.block import make_layout
 from dice_jax.sampler.config import SamplerConfig, resolve
-
-_ACT = ("batch", "length", "act_embed")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,28 +59,10 @@ def spec_for(model: ModelConfig, sampler: SamplerConfig) -> ScoringSpec:
                      temperature=sampler.temperature, logits_shift=model.logits_shift)
 
 
-def _hidden(model, tokens_BxL: jax.Array, mask: masks.AttentionMask, positions_BxL: jax.Array) -> jax.Array:
-  """Final-layer hidden states (before the final norm): Transformer.__call__ up to its head.
-
-  The model has no public entry point that stops before the lm_head, so the embedding lookup is
-  repeated here (as the model does it) and its layer stack is run through `_run_layers` (scan and
-  remat policy included). tests/rl check the result against `forward` on the same inputs.
-  """
-  cfg = model.config
-  table_VxD = sharding.constrain(model.embed[...], ("vocab", None))
-  x_BxLxD = sharding.constrain(jnp.take(table_VxD, tokens_BxL, axis=0).astype(cfg.compute_dtype), _ACT)
-  x_BxLxD, _ = model._run_layers(x_BxLxD, positions_BxL, mask, None, False)  # pylint: disable=protected-access
-  return x_BxLxD
-
-
 def _token_stats(model, x_BxGxD: jax.Array, tokens_BxG: jax.Array, temperature: float
                  ) -> tuple[jax.Array, jax.Array]:
   """(log-prob of each token, entropy) under softmax(logits / temperature), float32."""
-  cfg = model.config
-  head_DxV = model.embed[...].T if cfg.tie_word_embeddings else model.lm_head[...]
-  logits = jnp.einsum("bgd,dv->bgv", model.final_norm(x_BxGxD), head_DxV.astype(cfg.compute_dtype),
-                      preferred_element_type=jnp.float32)
-  logits = sharding.constrain(logits, ("batch", "length", "act_vocab")) / temperature
+  logits = model.logits(x_BxGxD) / temperature
   logz_BxG = jax.nn.logsumexp(logits, axis=-1)
   token_logit = jnp.take_along_axis(logits, tokens_BxG[..., None], axis=-1)[..., 0]
   entropy_BxG = logz_BxG - jnp.sum(jax.nn.softmax(logits, axis=-1) * logits, axis=-1)
@@ -155,10 +134,10 @@ def score(graphdef: nnx.GraphDef, params: nnx.State, spec: ScoringSpec, prompt_B
       raise ValueError("shifted logits (Dream) are only supported for bidirectional models")
     tokens, positions, mask, index = block_inputs(spec, prompt_BxP, prompt_lengths_B, tokens_BxG, states_BxCxG,
                                                   state_BxG)
-    x = _hidden(model, tokens, mask, positions)
+    x = model.hidden_states(tokens, mask, positions_BxL=positions)
   else:
     tokens, positions, mask, index = bidirectional_inputs(spec, prompt_BxP, prompt_lengths_B, states_BxCxG,
                                                           state_BxG)
-    x = _hidden(model, tokens, mask, positions)
+    x = model.hidden_states(tokens, mask, positions_BxL=positions)
     x = x.reshape(batch, -1, x.shape[-1])
   return _token_stats(model, _gather(x, index), tokens_BxG, spec.temperature)
