@@ -18,6 +18,7 @@ import asyncio
 import json
 import pathlib
 import sys
+import uuid
 
 from google.protobuf import json_format
 
@@ -197,6 +198,7 @@ async def _check(args: argparse.Namespace) -> list[pb.Verdict]:
       atol=args.atol, rtol=args.rtol, skip_timing=args.skip_timing,
       num_timing_trials=args.timing_trials, seed=args.seed)
   console = Console(stderr=True)
+  run_id = uuid.uuid4().hex[:12]  # a fresh verdict every run, never one stored by an earlier check
   await scheduler.start()
   try:
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
@@ -205,8 +207,8 @@ async def _check(args: argparse.Namespace) -> list[pb.Verdict]:
       bar = progress.add_task("verifying", total=len(candidates))
 
       async def one(index: int, path: pathlib.Path, source: str) -> pb.Verdict:
-        request = pb.VerifyRequest(request_id=f"{index}:{path}", reference_source=reference,
-                                   candidate_source=source, options=options)
+        request = pb.VerifyRequest(request_id=f"check:{run_id}:{index}", candidate_source=source,
+                                   reference_source=reference, options=options)
         verdict = await scheduler.verify(request)
         progress.advance(bar)
         progress.update(bar, description=f"{path.name}: {pb.Outcome.Name(verdict.outcome)}")

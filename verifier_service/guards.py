@@ -301,8 +301,8 @@ def python_threads() -> list[str]:
   return [t.name for t in threading.enumerate() if t is not threading.main_thread()]
 
 
-def os_thread_times() -> dict[int, int]:
-  """tid -> user+system clock ticks, from /proc/self/task."""
+def os_thread_times() -> dict[int, tuple[int, str]]:
+  """tid -> (user+system clock ticks, scheduler state "R"/"S"/...), from /proc/self/task."""
   times = {}
   try:
     tids = os.listdir("/proc/self/task")
@@ -312,7 +312,7 @@ def os_thread_times() -> dict[int, int]:
     try:
       with open(f"/proc/self/task/{tid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
-      times[int(tid)] = int(fields[11]) + int(fields[12])
+      times[int(tid)] = (int(fields[11]) + int(fields[12]), fields[0])
     except (OSError, IndexError, ValueError):
       pass
   return times

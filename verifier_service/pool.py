@@ -107,56 +107,65 @@ class WorkerSlot:
 
   async def run(self, job: dict[str, Any], timeout_s: float,
                 on_phase: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """Runs one job; always returns a Verdict-shaped dict."""
+    """Runs one job; always returns a Verdict-shaped dict.
+
+    A worker that dies before it takes the job (killed between jobs, and not yet reaped when the
+    job was written to it) cost the job nothing: the job goes once more to a fresh worker.
+    """
     self.jobs_run += 1
-    phase, child = "STAGE_LOAD", None
-    try:
-      if self._proc is None or self._proc.returncode is not None:
-        await self.restart()
-      self._proc.stdin.write((json.dumps(job) + "\n").encode())
-      await self._proc.stdin.drain()
-      deadline = time.monotonic() + timeout_s
-      timed_out = False
-      while True:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0 and not timed_out:
-          timed_out = True
-          if child is not None:
-            with contextlib.suppress(ProcessLookupError):
-              os.killpg(child, signal.SIGKILL)
-          deadline = time.monotonic() + _KILL_GRACE_S
-          continue
-        if remaining <= 0:
-          raise WorkerDied(f"worker {self.name} did not report after killing its job")
-        try:
-          message = await asyncio.wait_for(self._read(), remaining)
-        except asyncio.TimeoutError:
-          continue
-        if message.get("job_id") != job["job_id"]:
-          continue
-        kind = message["type"]
-        if kind == "started":
-          child = message["pid"]
-        elif kind == "phase":
-          phase = message["phase"]
-          if on_phase is not None:
-            on_phase(phase)
-        elif kind == "done":
-          return _classify(message, phase, timed_out, timeout_s)
-    except (WorkerDied, BrokenPipeError, ConnectionResetError, json.JSONDecodeError) as e:
-      log.warning("worker %s failed: %s; restarting it", self.name, e)
-      if child is not None:  # the job's child has its own session: it outlives the worker
-        with contextlib.suppress(ProcessLookupError):
-          os.killpg(child, signal.SIGKILL)
-      await self.stop()
-      return {"outcome": "INFRA_ERROR", "stage": phase, "message": f"worker failed: {e}"}
-    except asyncio.CancelledError:
-      # The request went away (deadline): kill its child so the slot is free for the next job.
+    for send in range(2):
+      phase, child, accepted = "STAGE_LOAD", None, False
       try:
-        await asyncio.wait_for(self._abort(job["job_id"], child), _KILL_GRACE_S)
-      except (asyncio.TimeoutError, WorkerDied, json.JSONDecodeError):
+        if self._proc is None or self._proc.returncode is not None:
+          await self.restart()
+        self._proc.stdin.write((json.dumps(job) + "\n").encode())
+        await self._proc.stdin.drain()
+        deadline = time.monotonic() + timeout_s
+        timed_out = False
+        while True:
+          remaining = deadline - time.monotonic()
+          if remaining <= 0 and not timed_out:
+            timed_out = True
+            if child is not None:
+              with contextlib.suppress(ProcessLookupError):
+                os.killpg(child, signal.SIGKILL)
+            deadline = time.monotonic() + _KILL_GRACE_S
+            continue
+          if remaining <= 0:
+            raise WorkerDied(f"worker {self.name} did not report after killing its job")
+          try:
+            message = await asyncio.wait_for(self._read(), remaining)
+          except asyncio.TimeoutError:
+            continue
+          if message.get("job_id") != job["job_id"]:
+            continue
+          accepted = True
+          kind = message["type"]
+          if kind == "started":
+            child = message["pid"]
+          elif kind == "phase":
+            phase = message["phase"]
+            if on_phase is not None:
+              on_phase(phase)
+          elif kind == "done":
+            return _classify(message, phase, timed_out, timeout_s)
+      except (WorkerDied, BrokenPipeError, ConnectionResetError, json.JSONDecodeError) as e:
+        log.warning("worker %s failed: %s; restarting it", self.name, e)
+        if child is not None:  # the job's child has its own session: it outlives the worker
+          with contextlib.suppress(ProcessLookupError):
+            os.killpg(child, signal.SIGKILL)
         await self.stop()
-      raise
+        if not accepted and send == 0:
+          continue
+        return {"outcome": "INFRA_ERROR", "stage": phase, "message": f"worker failed: {e}"}
+      except asyncio.CancelledError:
+        # The request went away (deadline): kill its child so the slot is free for the next job.
+        try:
+          await asyncio.wait_for(self._abort(job["job_id"], child), _KILL_GRACE_S)
+        except (asyncio.TimeoutError, WorkerDied, json.JSONDecodeError):
+          await self.stop()
+        raise
+    raise AssertionError("unreachable: the second send always returns")
 
   async def _abort(self, job_id: str, child: int | None) -> None:
     """Kills the job's child and reads messages up to its `done`, keeping the worker."""

@@ -101,8 +101,8 @@ def aftermath_probe(candidate: Callable[..., Any], inputs: Any, device: torch.de
   names = guards.python_threads()
   if names:
     found.append(("SIDE_STREAM", f"Python threads alive after forward: {', '.join(names[:4])}"))
-  busy = [tid for tid, ticks in times_after.items()
-          if tid not in baseline_tids and ticks - times_before.get(tid, ticks) >= 1]
+  busy = [tid for tid, (ticks, state) in times_after.items() if tid not in baseline_tids and (
+      state == "R" or ticks - times_before.get(tid, (ticks, ""))[0] >= 2)]
   if busy:
     found.append(("SIDE_STREAM", f"threads started by the candidate kept running after forward "
                   f"returned (tids {busy[:4]})"))

@@ -43,7 +43,8 @@ from verifier_service import timing
 
 PLAUSIBLE_SPEEDUP = 100.0
 CANDIDATE_FILE, REFERENCE_FILE = "candidate.py", "reference.py"
-_OOM_MARKERS = ("out of memory", "MemoryError", "bad_alloc", "Cannot allocate memory")
+_OOM_MARKERS = ("out of memory", "MemoryError", "bad_alloc", "Cannot allocate memory",
+                "File too large", "No space left on device", "Too many open files")
 
 
 class _Verdict(Exception):
@@ -96,12 +97,18 @@ def _patch_load_inline(modules: dict[str, str]) -> None:
   cpp_extension.load = load
 
 
+def prepare_worker() -> None:
+  """Run once in the worker before it forks: the first TorchDispatchMode imports torch._dynamo
+  (seconds), which every job child then inherits. Touches no CUDA and starts no thread."""
+  with guards.OpRecorder(), guards.ForwardTracer(set(), set()):
+    torch.ones(2).add(1)
+
+
 def _trusted_setup(device: torch.device, job: dict[str, Any], result: dict[str, Any]) -> None:
   """Everything that needs more than the sandbox allows, done before it is applied."""
   torch.set_num_threads(1)
   from torch.utils import cpp_extension  # pylint: disable=import-outside-toplevel,unused-import
-  with guards.OpRecorder(), guards.ForwardTracer(set(), set()):  # their lazy imports, now
-    torch.ones(2).add(1)
+  prepare_worker()  # a no-op after the worker's own call
   if device.type != "cuda":
     return
   try:
@@ -282,7 +289,9 @@ def run_job(job: dict[str, Any], emit: Callable[[dict[str, Any]], None],
     finally:
       result["forward_ops"] = observer.recorder.summary()[:64]
       found.extend(observer.findings())
-    checkpoint()
+    found.extend(state.changes())  # tampering is final; fallbacks still get their kernel profile
+    if any(k in ("MONKEY_PATCH", "TENSOR_SUBCLASS") for k, _ in found + tripwire.findings):
+      raise _Verdict("REJECTED", stage, "")
     if failed is not None:
       raise _Verdict("INCORRECT", stage, f"trial {len(result['trials'])} (seed {failed.seed}): "
                      f"{failed.message}")

@@ -232,7 +232,8 @@ def serve(device: str, out: TextIO, sandbox_spec: dict[str, Any]) -> None:
   since fork() copies only the calling thread (and a user namespace needs a single thread).
   """
   import torch  # pylint: disable=import-outside-toplevel
-  import verifier_service.runner  # pylint: disable=import-outside-toplevel,unused-import
+  from verifier_service import runner  # pylint: disable=import-outside-toplevel
+  runner.prepare_worker()
   sandbox_spec = dict(sandbox_spec, read_only=sandbox.default_read_only(
       sandbox_spec.get("read_only", [])))
   threads = len(os.listdir("/proc/self/task")) if os.path.isdir("/proc/self/task") else 1

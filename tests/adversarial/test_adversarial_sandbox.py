@@ -14,6 +14,8 @@ import errno
 import json
 import os
 import socket
+import subprocess
+import sys
 import tempfile
 
 import pytest
@@ -56,6 +58,16 @@ def _attacks(port: int, outside_file: str, job_dir: str, supervised: bool) -> di
 
 
 def _run_sandboxed(as_user: int | None, port: int, outside_file: str) -> dict:
+  """Forks the probe from a fresh interpreter: pytest's own process may have threads (at-fork
+  handlers of libraries earlier tests imported restart theirs in the child), and a user namespace
+  needs a single-threaded caller, as the verifier's worker is."""
+  proc = subprocess.run([sys.executable, __file__, json.dumps([as_user, port, outside_file])],
+                        capture_output=True, text=True, timeout=120, check=False)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  return json.loads(proc.stdout)
+
+
+def _fork_sandboxed(as_user: int | None, port: int, outside_file: str) -> dict:
   job_dir = tempfile.mkdtemp(prefix="dice-sandbox-test-")
   os.chmod(job_dir, 0o777)
   read_fd, write_fd = os.pipe()
@@ -145,3 +157,7 @@ def test_scrubbed_env_keeps_only_the_allow_list():
   assert "AWS_SECRET_ACCESS_KEY" not in env
   assert env["CUDA_VISIBLE_DEVICES"] == "0" and env["NCCL_NVLS_ENABLE"] == "0"
   assert env["HOME"] == "/job" and env["PATH"] == "/usr/bin:/bin"
+
+
+if __name__ == "__main__":
+  print(json.dumps(_fork_sandboxed(*json.loads(sys.argv[1]))))

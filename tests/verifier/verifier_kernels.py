@@ -84,6 +84,7 @@ NEEDS_EXTENSION_H = cuda_candidate(
 # functions at the end try to leave the sandbox (tests/adversarial); each one that gets through
 # fails loudly with "ESCAPED: ..." and otherwise returns the right answer.
 CPP_SOURCE = r'''
+#include <cerrno>
 #include <cstdlib>
 #include <chrono>
 #include <cstring>
@@ -220,10 +221,15 @@ torch::Tensor host_memory(torch::Tensor a, torch::Tensor b, double s) {
 torch::Tensor huge_file(torch::Tensor a, torch::Tensor b, double s) {
   std::vector<char> chunk(size_t(1) << 20, 'x');
   int fd = open("huge.bin", O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  for (int i = 0; fd >= 0 && i < 64; ++i) {
-    if (write(fd, chunk.data(), chunk.size()) != (ssize_t)chunk.size()) break;
+  TORCH_CHECK(fd >= 0, "open: ", strerror(errno));
+  for (int i = 0; i < 64; ++i) {
+    if (write(fd, chunk.data(), chunk.size()) != (ssize_t)chunk.size()) {
+      int error = errno;
+      close(fd);
+      TORCH_CHECK(false, "write: ", strerror(error));
+    }
   }
-  if (fd >= 0) close(fd);
+  close(fd);
   escaped("wrote 64 MiB");
   return a;
 }
