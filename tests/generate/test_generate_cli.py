@@ -123,3 +123,20 @@ def test_library_samples_in_one_batched_call_and_verifies_repeats_once(files, ti
   samples_sent = sum(1 for c in result.candidates if c.origin == "sample" and c.source is not None)
   assert sent <= samples_sent + 1
   assert result.winner()[0] is injected[0] and result.winner()[1] is False
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_the_injected_kernel_is_verified_and_written(tmp_path, files, tiny_model_dir,
+                                                              verifier_target, capsys):
+  out, rep = tmp_path / "ModelNew.py", tmp_path / "result.json"
+  rc = run_cli("generate", files / "ref.py", "--model", tiny_model_dir, "--samples", 2, *DECODE,
+               "--verifier", verifier_target, "--inject", files / "light.py", "--out", out,
+               "--report", rep)
+  captured = capsys.readouterr()
+  print(captured.out)
+  assert rc == 0, captured.err
+  result = json.loads(rep.read_text())
+  assert result["verified"] is True
+  best = result["candidates"][0]
+  assert best["origin"] == "injected" and best["outcome"] == "OK"
+  assert out.read_text().endswith(LIGHT_RELU) and "UNVERIFIED" not in out.read_text()
