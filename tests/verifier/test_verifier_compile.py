@@ -1,20 +1,116 @@
-"""The verifier's own load_inline build path: same sources as torch, real nvcc, cache, fallbacks."""
+"""The verifier's own load_inline build path: same sources as torch, real nvcc, header tiers and
+their fallbacks, split nvcc, the precompiled header, the cache and its keys."""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import json
+import pathlib
+import re
 import subprocess
 import sys
 import textwrap
 import time
 
+import pytest
 import torch.utils.cpp_extension
 
 from verifier_service import buildspec
 from verifier_service import checks
 from verifier_service import compile as compile_lib
+from verifier_service import compile_procs
+from verifier_service import header_tiers
+from verifier_service import nvcc_split
 
 import verifier_kernels as kernels
+
+LITE, TYPES, ORIGINAL = header_tiers.LITE, header_tiers.TYPES, header_tiers.ORIGINAL
+
+# Host functions that allocate with every torch:: factory the lite tier wraps; run on CPU tensors
+# (no GPU needed), their results must not depend on the tier the module was built at.
+FACTORY_SOURCE = r'''
+#include <torch/extension.h>
+
+__global__ void fill_kernel(float* x, int n) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) x[i] = 1.0f;
+}
+
+torch::Tensor fill_ones(torch::Tensor x) {
+  fill_kernel<<<(x.numel() + 255) / 256, 256>>>(x.data_ptr<float>(), x.numel());
+  return x;
+}
+
+std::vector<torch::Tensor> factories(torch::Tensor like) {
+  TORCH_CHECK(like.dim() == 2, "like must be 2-D");
+  std::vector<torch::Tensor> out;
+  out.push_back(torch::empty({2, 3}, like.options()).fill_(1.5));
+  out.push_back(torch::zeros({4}, torch::kFloat64));
+  out.push_back(torch::ones({2, 2}, like.options().dtype(torch::kInt32)));
+  out.push_back(torch::full({3}, 7.0, like.options()));
+  out.push_back(torch::arange(5, like.options()));
+  out.push_back(torch::zeros_like(like));
+  out.push_back(torch::ones_like(like));
+  out.push_back(torch::full_like(like, 3.0));
+  out.push_back(torch::empty_like(like).zero_());
+  out.push_back(torch::empty_strided({2, 3}, {1, 2}, like.options()).zero_());
+  AT_DISPATCH_FLOATING_TYPES(like.scalar_type(), "scale", [&] {
+    out.push_back(like.mul(static_cast<scalar_t>(2)));
+  });
+  return out;
+}
+'''
+# The same plus an op the lite headers do not declare: lite fails, torch/types.h builds it.
+MATMUL_SOURCE = FACTORY_SOURCE + r'''
+torch::Tensor product(torch::Tensor a, torch::Tensor b) { return torch::matmul(a, b); }
+'''
+# A misspelt torch name: fails at every tier; the verdict must carry the original's log.
+TORCH_TYPO_SOURCE = FACTORY_SOURCE + r'''
+torch::Tensor bad(torch::Tensor a) { return torch::nn::functional::no_such_thing(a); }
+'''
+
+_CANDIDATE = '''
+import torch
+import torch.nn as nn
+from torch.utils.cpp_extension import load_inline
+
+source = r"""{source}"""
+cpp_src = """{cpp_src}"""
+ext = load_inline(name="{name}", cpp_sources=cpp_src, cuda_sources=source,
+                  functions={functions}, verbose=False)
+
+
+class ModelNew(nn.Module):
+    def forward(self, x):
+        return ext.fill_ones(x)
+'''
+
+_FACTORY_DECLS = ("torch::Tensor fill_ones(torch::Tensor x);\n"
+                  "std::vector<torch::Tensor> factories(torch::Tensor like);\n")
+
+_DESCRIBE = textwrap.dedent("""
+    import importlib.util, json, sys, torch
+    spec = importlib.util.spec_from_file_location(sys.argv[2], sys.argv[1])
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    torch.manual_seed(0)  # the same inputs in every process
+    rows = []
+    for like in (torch.randn(2, 3), torch.randn(2, 3, dtype=torch.float64).requires_grad_()):
+      for t in module.factories(like):
+        rows.append({"dtype": str(t.dtype), "shape": list(t.shape), "stride": list(t.stride()),
+                     "requires_grad": t.requires_grad, "is_leaf": t.is_leaf,
+                     "grad_fn": type(t.grad_fn).__name__, "version": t._version,
+                     "values": t.detach().tolist()})
+    print(json.dumps(rows))
+""")
+
+
+def _candidate(source: str, name: str, extra_decls: str = "",
+               functions: tuple[str, ...] = ("fill_ones", "factories")) -> str:
+  return (_CANDIDATE.replace("{source}", source).replace("{name}", name)
+          .replace("{cpp_src}", _FACTORY_DECLS + extra_decls)
+          .replace("{functions}", repr(list(functions))))
 
 
 def _extension(candidate: str, allow_cpu_only: bool = False):
@@ -22,11 +118,44 @@ def _extension(candidate: str, allow_cpu_only: bool = False):
   return ext
 
 
-def _build(toolchain, cache_dir, ext, timeout_s: float = 900) -> compile_lib.BuildResult:
+def _build(toolchain, cache_dir, ext, timeout_s: float = 900, **options):
+  async def go():
+    compiler = compile_lib.Compiler(toolchain, cache_dir, max_jobs=2, **options)
+    try:
+      return await compiler.build(ext, timeout_s)
+    finally:
+      await compiler.close()
+  return asyncio.run(go())
+
+
+def _environment(toolchain, cache_dir) -> header_tiers.Environment:
   async def go():
     compiler = compile_lib.Compiler(toolchain, cache_dir, max_jobs=2)
-    return await compiler.build(ext, timeout_s)
+    try:
+      return await compiler.header_environment(_extension(kernels.cuda_candidate()))
+    finally:
+      await compiler.close()
   return asyncio.run(go())
+
+
+def _describe(so_path: str, name: str) -> list[dict]:
+  proc = subprocess.run([sys.executable, "-c", _DESCRIBE, so_path, name], capture_output=True,
+                        text=True, timeout=300, check=False)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  return json.loads(proc.stdout)
+
+
+def _fake_env(**overrides) -> header_tiers.Environment:
+  fields = dict(key="k", level="extension", blocks={LITE: "", TYPES: ""}, unavailable={},
+                macro_diff={LITE: frozenset({"TORCH_LIBRARY", "PYBIND11_MODULE"}),
+                            TYPES: frozenset({"PYBIND11_MODULE"})},
+                op_names=frozenset({"relu", "relu_out", "matmul"}),
+                full_tokens=frozenset({"matmul", "relu"}))
+  fields.update(overrides)
+  return header_tiers.Environment(**fields)
+
+
+# ----------------------------------------------------------------------------- no compiler
 
 
 def test_sources_are_byte_identical_to_torch_load_inline(tmp_path, monkeypatch):
@@ -48,11 +177,106 @@ def test_sources_are_byte_identical_to_torch_load_inline(tmp_path, monkeypatch):
   assert written["name"] == ext.name
 
 
-def test_lighten_rewrites_only_the_extension_include():
-  text = '#include <torch/extension.h>\n  # include "torch/extension.h"\n#include <cuda.h>\n'
-  assert buildspec.lighten(text) == (
-      '#include <torch/types.h>\n#include <torch/types.h>\n#include <cuda.h>\n')
-  assert buildspec.lighten("#include <torch/types.h>\n") is None
+def test_rewrite_replaces_torch_includes_and_keeps_line_numbers():
+  text = ('#include <torch/types.h>\n#include <cuda.h>\n  # include "torch/extension.h"\n'
+          'int x;\n#include <ATen/ATen.h>\n')
+  assert header_tiers.rewrite(text, LITE) == (
+      '#include <dice_tier_lite.h>\n#include <cuda.h>\n#include <dice_tier_lite.h>\n'
+      'int x;\n#include <dice_tier_lite.h>\n')
+  assert header_tiers.original_level(text) == "extension"
+  assert header_tiers.original_level("#include <torch/types.h>\n#include <ATen/ATen.h>") == "types"
+  assert header_tiers.original_level("#include <torch/extension.h>\n") is None  # no implicit
+
+
+@pytest.mark.parametrize("snippet, tier, reason", [
+    ("torch::Tensor f(torch::Tensor x) { return x; }", LITE, None),
+    ("auto o = torch::TensorOptions().requires_grad(true);", LITE, "requires_grad"),
+    ("using namespace torch;", TYPES, "using-directive"),
+    ("namespace at { int mine; }", TYPES, "reopens"),
+    ("torch::Tensor relu(torch::Tensor x) { return x; }", LITE, "ATen ops"),
+    ("torch::Tensor relu(torch::Tensor x) { return x; }", TYPES, None),
+    ("float3 operator+(float3 a, float3 b);", LITE, "operator"),
+    ("using at::relu;", LITE, "using-declaration"),
+    ("TORCH_LIBRARY(ops, m) {}", LITE, "macros"),
+    ("TORCH_LIBRARY(ops, m) {}", TYPES, None),
+    ("PYBIND11_MODULE(x, m) {}", TYPES, "macros"),
+    ("py::object o;", TYPES, "Python bindings"),
+    ("// using namespace torch; requires_grad\nint y = x->relu(1) + s.relu(2);", LITE, None),
+    ("return relu(x) * 2;", LITE, None),
+])
+def test_refusal_rules(snippet, tier, reason):
+  text = "#include <torch/types.h>\n#include <torch/extension.h>\n" + snippet
+  got = header_tiers.refusal(text, tier, _fake_env())
+  if reason is None:
+    assert got is None
+  else:
+    assert got is not None and reason in got
+
+
+def test_plan_orders_tiers_and_says_why_tiers_were_skipped():
+  text = "#include <torch/types.h>\n#include <torch/extension.h>\nint y;\n"
+  variants, skipped = header_tiers.plan(text, _fake_env())
+  assert [t for t, _ in variants] == [LITE, TYPES, ORIGINAL]
+  assert variants[-1][1] == text and not skipped
+  variants, skipped = header_tiers.plan(text + "using namespace at;\n", _fake_env())
+  assert [t for t, _ in variants] == [ORIGINAL] and set(skipped) == {LITE, TYPES}
+  variants, skipped = header_tiers.plan(text, _fake_env(blocks={TYPES: ""},
+                                                        unavailable={LITE: "broken"}))
+  assert [t for t, _ in variants] == [TYPES, ORIGINAL] and skipped == {LITE: "broken"}
+  types_only = "#include <torch/types.h>\nint y;\n"  # environments are per level
+  assert [t for t, _ in header_tiers.plan(types_only, _fake_env())[0]] == [ORIGINAL]
+  variants, _ = header_tiers.plan(types_only, _fake_env(level="types", blocks={LITE: ""}))
+  assert [t for t, _ in variants] == [LITE, ORIGINAL]
+  assert header_tiers.plan(text, None)[0] == [(ORIGINAL, text)]
+
+
+def test_escalation_after_a_lite_failure():
+  env = _fake_env()
+  typo = 'cuda.cu(9): error: identifier "s_typo" is undefined\n1 error detected'
+  assert not header_tiers.types_may_help(typo, env)
+  missing = 'cuda.cu(9): error #20: identifier "matmul" is undefined\n'
+  assert header_tiers.types_may_help(missing, env)
+  namespace = 'cuda.cu(9): error: namespace "torch" has no member "matmul"\n'
+  assert header_tiers.types_may_help(namespace, env)
+  assert header_tiers.broken_by_tier("/c/dice_tier_lite.h(12): error: x", LITE)
+  assert not header_tiers.broken_by_tier("cuda.cu(12): error: x", LITE)
+
+
+def test_slots_serve_the_earliest_request_first():
+  async def go():
+    slots = compile_procs.Slots(1)
+    order = []
+
+    async def job(priority, name):
+      async with slots.hold(priority):
+        order.append(name)
+        await asyncio.sleep(0.01)
+
+    async with slots.hold(0):  # occupy the only slot while the others queue up
+      tasks = [asyncio.ensure_future(job(p, n)) for p, n in ((3, "c"), (1, "a"), (2, "b"))]
+      cancelled = asyncio.ensure_future(job(0, "cancelled"))
+      await asyncio.sleep(0.01)
+      cancelled.cancel()
+    await asyncio.gather(*tasks)
+    return order
+  assert asyncio.run(go()) == ["a", "b", "c"]
+
+
+def test_cache_keys_separate_policies_and_tier_environments(toolchain, cache_dir):
+  ext = _extension(kernels.cuda_candidate())
+
+  async def keys():
+    variants = [dict(), dict(light_headers=False), dict(split_nvcc=False), dict(use_pch=False)]
+    compilers = [compile_lib.Compiler(toolchain, cache_dir, max_jobs=1, **v) for v in variants]
+    return [c.build_key(ext) for c in compilers]
+  build_keys = asyncio.run(keys())
+  assert len(set(build_keys)) == len(build_keys)
+  argv = ["nvcc", "-gencode=arch=compute_90,code=sm_90"]
+  env_keys = {header_tiers.environment_key(toolchain.fingerprint, argv, "extension"),
+              header_tiers.environment_key(toolchain.fingerprint, argv, "types"),
+              header_tiers.environment_key(toolchain.fingerprint, argv + ["-DX"], "extension"),
+              header_tiers.environment_key("other-toolchain", argv, "extension")}
+  assert len(env_keys) == 4
 
 
 def test_bound_log_keeps_head_and_tail():
@@ -63,29 +287,103 @@ def test_bound_log_keeps_head_and_tail():
   assert compile_lib.bound_log("short", 1000) == ("short", False)
 
 
-def test_cuda_build_uses_light_header_and_pch_and_loads(toolchain, cache_dir):
-  result = _build(toolchain, cache_dir, _extension(kernels.cuda_candidate()))
-  assert result.ok, result.log
-  assert result.light_header and result.pch_used
-  again = _build(toolchain, cache_dir, _extension(kernels.cuda_candidate()))
-  assert again.cache_hit and again.so_path == result.so_path
-  probe = textwrap.dedent(f"""
-      import importlib.util, torch
-      spec = importlib.util.spec_from_file_location("scaled_add_ext", {result.so_path!r})
-      module = importlib.util.module_from_spec(spec)
-      spec.loader.exec_module(module)
-      print(module.scaled_add.__doc__)
-  """)
-  proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
-                        timeout=300, check=False)
-  assert proc.returncode == 0, proc.stderr[-2000:]
-  assert "scaled_add" in proc.stdout
+# ----------------------------------------------------------------------------- real nvcc
+
+
+def _nvcc_split_and_plain(toolchain, tmp_path, text: str):
+  runner = compile_procs.ProcessRunner(4, toolchain.build_env())
+  run = lambda argv, cwd: runner.run(argv, cwd, echo=False)
+
+  async def go():
+    results = {}
+    for mode in ("plain", "split"):
+      work = tmp_path / mode
+      work.mkdir()
+      (work / "k.cu").write_text(text)
+      argv = [toolchain.nvcc, "-gencode=arch=compute_90,code=sm_90", "-c", str(work / "k.cu"),
+              "-o", str(work / "k.o")]
+      if mode == "plain":
+        results[mode] = await run(argv, work)
+      else:
+        results[mode] = await nvcc_split.compile_split(argv, text, work, run)
+    return results
+  return asyncio.run(go())
+
+
+def test_split_nvcc_builds_the_same_object(toolchain, tmp_path):
+  text = "namespace { __device__ int hidden; }\n__global__ void k(float* x) { x[0] = hidden; }\n"
+  results = _nvcc_split_and_plain(toolchain, tmp_path, text)
+  assert results["plain"][0] == 0 and results["split"] is not None and results["split"][0] == 0
+
+  def symbols(mode):
+    out = subprocess.run(["nm", str(tmp_path / mode / "k.o")], capture_output=True, text=True,
+                         check=True).stdout
+    # Only the module id (our own for split) and nvcc's scratch-file names may differ.
+    out = re.sub(r"\d+_GLOBAL__N__\w+?(hidden|ignore)", r"_GLOBAL__N__ID\1", out)
+    out = re.sub(r"(tmpxft_\w+?_)?k\.cudafe1\.cpp", "k.cudafe1.cpp", out)
+    return sorted(line.split()[-1] for line in out.splitlines())
+  assert symbols("plain") == symbols("split")
+
+
+def test_split_nvcc_reports_errors_like_nvcc(toolchain, tmp_path):
+  results = _nvcc_split_and_plain(toolchain, tmp_path, "__global__ void k() { undefined_x; }\n")
+  assert results["plain"][0] != 0 and results["split"][0] != 0
+  assert 'identifier "undefined_x" is undefined' in results["split"][1]
+  assert results["split"][1].count("undefined_x") == results["plain"][1].count("undefined_x")
+
+
+def test_tier_environment_is_a_checked_subset(toolchain, cache_dir):
+  env = _environment(toolchain, cache_dir)
+  assert env is not None and set(env.blocks) == {LITE, TYPES}, env.unavailable
+  assert env.macro_diff[TYPES] <= env.macro_diff[LITE]
+  assert "PYBIND11_MODULE" in env.macro_diff[TYPES] and "AT_DISPATCH_FLOATING_TYPES" not in (
+      env.macro_diff[LITE])
+  lite = env.blocks[LITE]
+  assert "::dice_lite::fresh_variable(at::empty(" in lite
+  assert "at::Tensor tensor(Args&&...) = delete;" in lite  # torch::tensor is never at::tensor
+  assert "at::Tensor from_blob(Args&&...) = delete;" in lite
+  assert (cache_dir / "headers" / env.key / "dice_tier_lite.h").is_file()
+
+
+def test_dice_candidates_qualify_for_the_lite_tier(toolchain, cache_dir, shared_dir):
+  env = _environment(toolchain, cache_dir)
+  items = json.loads((shared_dir / "data/dice/kernel_infilling_evaluation.json").read_text())
+  tiers = []
+  for item in items:
+    (ext,) = checks.check_candidate(item["cuda_code"]).extensions
+    variants, _ = header_tiers.plan(buildspec.render_sources(ext)[1], env)
+    tiers.append(variants[0][0])
+  assert tiers.count(LITE) >= 0.95 * len(items), tiers
+
+
+def test_lite_build_matches_types_build_and_falls_back(toolchain, cache_dir):
+  lite = _build(toolchain, cache_dir, _extension(_candidate(FACTORY_SOURCE, "tier_lite")))
+  assert lite.ok, lite.log
+  assert lite.header_tier == LITE and lite.light_header and lite.pch_used
+  again = _build(toolchain, cache_dir, _extension(_candidate(FACTORY_SOURCE, "tier_lite")))
+  assert again.cache_hit and again.so_path == lite.so_path
+  # torch::matmul is not in the lite headers: that build fails and torch/types.h builds it.
+  fallback = _build(toolchain, cache_dir, _extension(_candidate(
+      MATMUL_SOURCE, "tier_types", "torch::Tensor product(torch::Tensor a, torch::Tensor b);\n",
+      ("fill_ones", "factories", "product"))))
+  assert fallback.ok, fallback.log
+  assert fallback.header_tier == TYPES and fallback.tier_notes == {LITE: "did not compile"}
+  assert _describe(lite.so_path, "tier_lite") == _describe(fallback.so_path, "tier_types")
+
+
+def test_every_tier_failing_reports_the_original_log(toolchain, cache_dir):
+  result = _build(toolchain, cache_dir, _extension(_candidate(
+      TORCH_TYPO_SOURCE, "tier_typo", "torch::Tensor bad(torch::Tensor a);\n",
+      ("fill_ones", "factories", "bad"))))
+  assert not result.ok and "no_such_thing" in result.log
+  assert "dice_tier" not in result.log and "headers/" not in result.log.split("\n")[0]
 
 
 def test_cpp_extension_runs_and_computes(toolchain, cache_dir):
   result = _build(toolchain, cache_dir,
                   _extension(kernels.cpp_candidate("scaled_add"), allow_cpu_only=True))
   assert result.ok, result.log
+  assert result.header_tier == "" and not result.light_header
   probe = textwrap.dedent(f"""
       import importlib.util, torch
       spec = importlib.util.spec_from_file_location("cpu_family", {result.so_path!r})
@@ -100,17 +398,30 @@ def test_cpp_extension_runs_and_computes(toolchain, cache_dir):
   assert proc.stdout.strip() == "ok", proc.stderr[-2000:]
 
 
-def test_light_header_falls_back_to_the_original(toolchain, cache_dir):
-  result = _build(toolchain, cache_dir, _extension(kernels.NEEDS_EXTENSION_H))
-  assert result.ok, result.log
-  assert not result.light_header
+def test_precompiled_header_is_really_used(toolchain, cache_dir):
+  async def go():
+    compiler = compile_lib.Compiler(toolchain, cache_dir, max_jobs=2)
+    try:
+      return compiler.flags(_extension(kernels.cuda_candidate())), await compiler.warm_up()
+    finally:
+      await compiler.close()
+  flags, pch = asyncio.run(go())
+  assert pch is not None
+  main_cpp, _ = buildspec.render_sources(_extension(kernels.cuda_candidate()))
+  src = pathlib.Path(pch).parent / "probe_main.cpp"
+  src.write_text(main_cpp)
+  proc = subprocess.run(list(flags.cxx) + ["-include", pch, "-Winvalid-pch", "-H", "-fsyntax-only"]
+                        + list(flags.cflags) + [str(src)], capture_output=True, text=True,
+                        env=toolchain.build_env(), timeout=300, check=False)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  assert re.search(r"^! .*\.gch$", proc.stderr, re.M), proc.stderr[:2000]
 
 
 def test_compile_errors_are_cached(toolchain, cache_dir):
   ext = _extension(kernels.BROKEN_CUDA)
   first = _build(toolchain, cache_dir, ext)
   assert not first.ok and not first.timed_out
-  assert "s_typo" in first.log
+  assert "s_typo" in first.log and "dice_tier" not in first.log
   start = time.monotonic()
   second = _build(toolchain, cache_dir, ext)
   assert time.monotonic() - start < 5
@@ -136,3 +447,9 @@ def test_flags_use_the_discovered_toolkit_even_if_torch_guessed_first(toolchain,
   assert f"-L{toolchain.cuda_root}/lib64" in result.ldflags
   assert result.nvcc[0].startswith(toolchain.cuda_root)
   assert "-gencode=arch=compute_90,code=sm_90" in result.cuda_cflags
+
+
+def test_build_result_records_round_trip():
+  result = compile_lib.BuildResult(ok=True, header_tier=LITE, tier_notes={TYPES: "x"})
+  data = json.loads(json.dumps(dataclasses.asdict(result)))
+  assert compile_lib.BuildResult(**data) == result

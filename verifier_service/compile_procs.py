@@ -1,0 +1,122 @@
+"""Compiler processes for the compile stage: a bounded pool that serves the earliest request first.
+
+Every compiler process (g++, nvcc, or one of nvcc's steps) takes a slot; at most `max_jobs` run at
+once. A freed slot goes to the waiting process of the request that arrived first (its build's
+priority), not to whichever asked first: with many candidates in flight, each one finishes as
+early as it can instead of all of them crawling forward together, so latency under load stays
+close to the queueing delay plus one build, at the same throughput.
+
+Processes run in their own process group; a cancelled request (deadline, client gone) kills it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import fcntl
+import heapq
+import itertools
+import os
+import pathlib
+import shlex
+import signal
+from typing import AsyncIterator
+
+# Priority of the build the current task works for: lower runs first. Shared artefacts that every
+# build waits for (precompiled header, header environment) run at -1.
+PRIORITY: contextvars.ContextVar[int] = contextvars.ContextVar("compile_priority", default=0)
+
+
+class ProcessFailed(Exception):
+  """A compiler exited non-zero (or was killed); `log` is what it printed."""
+
+  def __init__(self, log_text: str):
+    super().__init__(log_text[-200:])
+    self.log = log_text
+
+
+class Slots:
+  """A semaphore whose waiters are served lowest priority value first (FIFO among equals)."""
+
+  def __init__(self, count: int):
+    self._free = count
+    self._waiting: list[tuple[int, int, asyncio.Future]] = []
+    self._order = itertools.count()
+
+  @contextlib.asynccontextmanager
+  async def hold(self, priority: int) -> AsyncIterator[None]:
+    if self._free > 0 and not self._waiting:
+      self._free -= 1
+    else:
+      granted = asyncio.get_running_loop().create_future()
+      heapq.heappush(self._waiting, (priority, next(self._order), granted))
+      try:
+        await granted
+      except asyncio.CancelledError:
+        if granted.done() and not granted.cancelled():
+          self._release()  # granted just as we were cancelled: pass the slot on
+        else:
+          granted.cancel()  # skipped when popped
+        raise
+    try:
+      yield
+    finally:
+      self._release()
+
+  def _release(self) -> None:
+    while self._waiting:
+      _, _, granted = heapq.heappop(self._waiting)
+      if not granted.done():
+        granted.set_result(None)
+        return
+    self._free += 1
+
+
+class ProcessRunner:
+  """Runs compiler processes within the slot pool."""
+
+  def __init__(self, max_jobs: int, env: dict[str, str]):
+    self.max_jobs = max_jobs
+    self._env = env
+    self._slots = Slots(max_jobs)
+
+  async def run(self, argv: list[str], cwd: pathlib.Path, echo: bool = True) -> tuple[int, str]:
+    """Return code and combined output; a failure's output starts with the command (`echo`)."""
+    async with self._slots.hold(PRIORITY.get()):
+      proc = await asyncio.create_subprocess_exec(
+          *argv, cwd=cwd, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+          stdin=asyncio.subprocess.DEVNULL, env=self._env, start_new_session=True)
+      try:
+        output, _ = await proc.communicate()
+      except asyncio.CancelledError:
+        try:
+          os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+          pass
+        await proc.wait()
+        # Read to EOF so the pipe transport closes now, not when collected after the loop ends.
+        with contextlib.suppress(asyncio.TimeoutError):
+          await asyncio.wait_for(proc.stdout.read(), 5)
+        raise
+    text = output.decode("utf-8", "replace")
+    if proc.returncode != 0 and echo:
+      text = f"$ {shlex.join(argv)}\n{text}"
+    return proc.returncode, text
+
+
+@contextlib.asynccontextmanager
+async def file_lock(path: pathlib.Path) -> AsyncIterator[None]:
+  """An exclusive lock shared with other servers on the same cache folder (polls, never blocks
+  the event loop)."""
+  with open(path, "w") as handle:
+    while True:
+      try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        break
+      except BlockingIOError:
+        await asyncio.sleep(0.5)
+    try:
+      yield
+    finally:
+      fcntl.flock(handle, fcntl.LOCK_UN)

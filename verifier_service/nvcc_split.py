@@ -1,0 +1,120 @@
+"""One nvcc compile with its host and device front ends running at the same time.
+
+nvcc runs its stages one after another: host preprocessing and cudafe++ (the host front end);
+device preprocessing, cicc (the device front end), ptxas and fatbinary; then the host compiler on
+cudafe++'s output, which includes the device image. Both front ends parse the whole translation
+unit (torch's headers included) and share only the module-id file, which cudafe++ writes and cicc
+reads. Here that file is written first (any identifier unique to the source will do: it prefixes
+the names of internal device symbols), the two chains run concurrently and the host compile
+follows, each step exactly as `nvcc --dryrun` prints it. The wall time of a compile drops by the
+shorter front end; its CPU time does not change. A dry run of any other shape (relocatable device
+code, a new nvcc) returns None and the caller runs nvcc itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import hashlib
+import pathlib
+import re
+import shlex
+from typing import Awaitable, Callable
+
+# (argv, cwd) -> (return code, combined output).
+RunFn = Callable[[list[str], pathlib.Path], Awaitable[tuple[int, str]]]
+
+_ENV_RE = re.compile(r"^#\$ ([A-Za-z_]\w*)=(.*)$")
+_VAR_RE = re.compile(r"\$\{?([A-Za-z_]\w*)")
+_GEN_MODULE_ID = "--gen_module_id_file"
+_MODULE_ID_RE = re.compile(r'--module_id_file_name\s+"?([^"\s]+)"?')
+
+
+@dataclasses.dataclass
+class Plan:
+  """nvcc's steps for one compile, split into the two independent chains and the final step."""
+  env: dict[str, str]
+  host: list[str]  # host preprocessing, cudafe++
+  device: list[str]  # device preprocessing, cicc, ptxas, fatbinary
+  final: str  # host compile of cudafe++'s output
+  module_id_file: str
+
+
+def parse_dryrun(text: str) -> Plan | None:
+  """Splits `nvcc --dryrun` output; None unless it is the whole-program compile we know."""
+  env, commands = {}, []
+  for line in text.splitlines():
+    if not line.startswith("#$ "):
+      continue
+    match = _ENV_RE.match(line)
+    if match:
+      env[match.group(1)] = match.group(2).strip()
+    else:
+      commands.append(line[3:].strip())
+  host, device, final = [], [], []
+  for cmd in commands:
+    tool = shlex.split(cmd)[0].rsplit("/", 1)[-1] if cmd else ""
+    if tool == "cudafe++" or (" -E " in cmd and ".cpp4.ii" in cmd):
+      host.append(cmd)
+    elif " -c " in cmd and ".cudafe1.cpp" in cmd:
+      final.append(cmd)
+    elif tool in ("gcc", "g++", "c++", "cc", "cicc", "ptxas", "fatbinary", "rm") or (
+        tool.endswith(("gcc", "g++", "clang++"))):
+      device.append(cmd)
+    else:
+      return None  # nvlink, a second host compile, something new: let nvcc do it
+  cudafe = [c for c in host if shlex.split(c)[0].endswith("cudafe++")]
+  cicc = [c for c in device if shlex.split(c)[0].endswith("cicc")]
+  if len(host) != 2 or len(cudafe) != 1 or not cicc or len(final) != 1:
+    return None
+  ids = {m.group(1) for c in cudafe + cicc for m in _MODULE_ID_RE.finditer(c)}
+  if len(ids) != 1 or _GEN_MODULE_ID not in cudafe[0] or any(_GEN_MODULE_ID in c for c in cicc):
+    return None
+  used = {v for c in commands for v in _VAR_RE.findall(c)}
+  simple = {k: v for k, v in env.items() if not re.search(r"[\s\"']", v)}
+  if used - set(simple):
+    return None  # a command needs a variable whose value is not a plain word
+  host = [c.replace(_GEN_MODULE_ID, "") for c in host]
+  return Plan(env=simple, host=host, device=device, final=final[0], module_id_file=ids.pop())
+
+
+def _script(plan: Plan, commands: list[str]) -> list[str]:
+  exports = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in sorted(plan.env.items()))
+  return ["/bin/sh", "-c", "set -e\n" + exports + "\n".join(commands) + "\n"]
+
+
+async def compile_split(argv: list[str], source_text: str, cwd: pathlib.Path,
+                        run: RunFn) -> tuple[int, str] | None:
+  """Runs `argv` (an `nvcc ... -c SRC -o OUT` command) as two concurrent chains and the host
+  compile. Returns (return code, output) as nvcc would, or None to say "run nvcc instead"."""
+  keep = cwd / "nvcc-steps"
+  keep.mkdir(exist_ok=True)
+  rc, text = await run(list(argv) + ["--dryrun", "--keep", "--keep-dir", str(keep)], cwd)
+  plan = parse_dryrun(text) if rc == 0 else None
+  if plan is None:
+    return None
+  digest = hashlib.sha256(source_text.encode()).hexdigest()
+  pathlib.Path(plan.module_id_file).write_text(f"_{digest[:8]}_dice_{digest[8:24]}")
+  host = asyncio.ensure_future(run(_script(plan, plan.host), cwd))
+  device = asyncio.ensure_future(run(_script(plan, plan.device), cwd))
+  try:
+    done, _ = await asyncio.wait([host, device], return_when=asyncio.FIRST_COMPLETED)
+    if any(task.result()[0] != 0 for task in done):  # no need to finish the other chain
+      for task in (host, device):
+        task.cancel()
+    results = await asyncio.gather(host, device, return_exceptions=True)
+  finally:
+    for task in (host, device):
+      task.cancel()
+    await asyncio.gather(host, device, return_exceptions=True)
+  # Report as nvcc would: the host chain runs first there, and nothing after a failing step.
+  output = ""
+  for result in results:
+    if isinstance(result, BaseException):
+      continue
+    chain_rc, chain_out = result
+    output += chain_out
+    if chain_rc != 0:
+      return chain_rc, output
+  rc, final_out = await run(_script(plan, [plan.final]), cwd)
+  return rc, output + final_out
