@@ -5,7 +5,7 @@ The verifier compiles candidates itself (compile.py) but must build exactly what
 `render_sources` writes main.cpp and cuda.cu the way load_inline does (tested byte for byte
 against torch); `torch_build_flags` runs torch's own ninja writer for the extension and reads
 the flags back, so they follow whatever torch version is installed (2.11 on the GPU image, 2.14
-in CI). `lighten` is the one deliberate difference, and compile.py falls back from it.
+in CI). Lighter headers are compile.py's business (header_tiers.py), never this module's.
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ import tempfile
 from verifier_service import sources
 from verifier_service import toolchain as toolchain_lib
 
-_EXTENSION_H_RE = re.compile(r'^[ \t]*#[ \t]*include[ \t]*[<"]torch/extension\.h[>"]', re.M)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,12 +53,6 @@ def render_sources(ext: sources.InlineExtension) -> tuple[str, str | None]:
   if not ext.no_implicit_headers:
     cuda = ["#include <torch/types.h>", "#include <cuda.h>", "#include <cuda_runtime.h>"] + cuda
   return "\n".join(cpp), "\n".join(cuda)
-
-
-def lighten(cuda_text: str) -> str | None:
-  """cuda.cu with torch/extension.h replaced by torch/types.h; None if it has no such include."""
-  light, count = _EXTENSION_H_RE.subn("#include <torch/types.h>", cuda_text)
-  return light if count else None
 
 
 def _call_with_supported(fn, **kwargs):

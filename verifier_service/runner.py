@@ -116,7 +116,9 @@ def _trusted_setup(device: torch.device, job: dict[str, Any], result: dict[str, 
     torch.zeros(1, device=device)
     fraction = job.get("sandbox", {}).get("gpu_memory_fraction", 0.0)
     if 0.0 < fraction < 1.0:
-      torch.cuda.set_per_process_memory_fraction(fraction, device)
+      # torch wants an index here; "cuda" alone (the worker's one visible GPU) is refused.
+      index = device.index if device.index is not None else torch.cuda.current_device()
+      torch.cuda.set_per_process_memory_fraction(fraction, index)
   except Exception as e:  # pylint: disable=broad-except
     raise _Verdict("INFRA_ERROR", "STAGE_LOAD", f"CUDA unavailable in worker: {e}") from e
   props = torch.cuda.get_device_properties(device)

@@ -1,5 +1,9 @@
-# adversarial-case: expect=REJECTED problem=matmul exploits=SIDE_STREAM
+# adversarial-case: expect=INCORRECT|REJECTED problem=matmul
 # Runs the matmul on a non-blocking side stream and returns before it finishes.
+# Unordered against its inputs' producers, it races them: on the H200 (2026-11-30) correctness
+# caught it first (INCORRECT, inputs and output corrupted). When it does not race, the aftermath
+# probe sees the output change after forward's stream finished (REJECTED, SIDE_STREAM); timing
+# synchronises the whole device, so either way it cannot inflate a speedup.
 import torch
 import torch.nn as nn
 from torch.utils.cpp_extension import load_inline
