@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import os
+import re
 import signal
 import time
 
@@ -60,13 +61,15 @@ def test_tolerance_decides_and_is_configurable(cpu_server):
 
 @pytest.mark.parametrize("call, reason, exploit", [
     ("in_place", "modified its inputs", pb.INPUT_MUTATION),
-    ("wrong_shape", "shape (2112,) != reference (64, 33)", None),
-    ("uninitialised", "NaN in output 0", None),
+    ("wrong_shape", r"shape \(2112,\) != reference \(64, 33\)", None),
+    # CPU memory is not a caching allocator: an uninitialised output holds the NaN poison or
+    # whatever malloc handed back; either way it must not match.
+    ("uninitialised", r"NaN in output 0|output 0: \d+ of 2112 elements exceed", None),
 ])
 def test_wrong_candidates_are_incorrect(cpu_server, call, reason, exploit):
   verdict = verify(cpu_server, call)
   assert verdict.outcome == pb.INCORRECT, verdict.message
-  assert reason in verdict.message
+  assert re.search(reason, verdict.message), verdict.message
   if exploit is not None:
     assert exploit in [e.kind for e in verdict.exploits]
 
