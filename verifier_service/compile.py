@@ -61,12 +61,16 @@ class BuildResult:
   log_truncated: bool = False
   cache_hit: bool = False
   cache_key: str = ""
-  light_header: bool = False  # cuda.cu built with lighter torch headers than it names
   header_tier: str = ""  # "lite", "types" or "original" (header_tiers.py)
   tier_notes: dict[str, str] = dataclasses.field(default_factory=dict)  # why lighter tiers weren't used
   pch_used: bool = False
   timed_out: bool = False
   duration_s: float = 0.0
+
+  @property
+  def light_header(self) -> bool:
+    """cuda.cu was built with lighter torch headers than it names."""
+    return self.header_tier in _TIERS
 
 
 def _digest(*parts: object) -> str:
@@ -95,7 +99,6 @@ class Compiler:
     self.max_jobs = max_jobs
     self.max_log_bytes = max_log_bytes
     self.use_pch = use_pch
-    self.light_headers = light_headers
     self.tiers = _TIERS if light_headers else ()
     self.split_nvcc = split_nvcc
     self._runner = compile_procs.ProcessRunner(max_jobs, toolchain.build_env())
@@ -255,8 +258,7 @@ class Compiler:
       # Reap the other translation unit's compiler before returning (or propagating a cancel).
       await asyncio.gather(*tasks, return_exceptions=True)
     result = BuildResult(ok=True, so_path=so_path, cache_key=key, pch_used=bool(pch),
-                         light_header=tier in _TIERS, header_tier=tier,
-                         tier_notes=notes)
+                         header_tier=tier, tier_notes=notes)
     self._write_record(key, result)
     return result
 
