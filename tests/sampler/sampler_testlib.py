@@ -7,6 +7,8 @@ that import from it. Test modules import the fixtures they use from here.
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 import pytest
 from flax import nnx
 
@@ -42,3 +44,25 @@ def llada_model() -> transformer.Transformer:
 def dream_model() -> transformer.Transformer:
   config = ModelConfig(architecture="dream", attention="bidirectional", logits_shift=True, qkv_bias=True, **DIMS)
   return peaked(transformer.init_model(config, seed=3))
+
+
+# Float32 tolerance for log-probs that two decode paths compute with sums in different orders
+# (cached vs recomputed attention, the Pallas kernel vs XLA, tensor-parallel partial sums). A
+# reordered sum changes a float32 logit by a few units in the last place (ulp) of its magnitude;
+# every layer can pass such an error on and amplify it, and log-softmax passes an error in the
+# logits through at most 2x. The size of the error depends on the CPU's kernels and thread count
+# (CI saw 1.45e-5 where this machine sees 1.2e-6), so the tolerance is a budget of ulps of the
+# largest scaled logit per layer, not a constant. A real decoding error (a missing or misplaced
+# cache entry, a wrong mask) moves log-probs by 1e-2 or more, far beyond it.
+ULPS_PER_LAYER = 64
+
+
+def logprob_atol(model: transformer.Transformer, prompts, rollout, temperature: float = 1.0) -> float:
+  """The float32 log-prob tolerance for `rollout` of `model` (see ULPS_PER_LAYER)."""
+  tokens = np.asarray(rollout.tokens)
+  largest = 0.0
+  for row, prompt in enumerate(prompts):
+    seq = jnp.asarray([list(prompt) + tokens[row].tolist()], jnp.int32)
+    largest = max(largest, float(jnp.max(jnp.abs(model(seq, attention=model.config.attention)))))
+  scale = max(1.0, largest / temperature)
+  return ULPS_PER_LAYER * model.config.num_layers * float(np.finfo(np.float32).eps) * scale
