@@ -132,6 +132,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help="allow listening beyond loopback with neither a token nor mTLS")
   serve.add_argument("--metrics-port", type=int, default=None,
                      help="serve Prometheus metrics over HTTP on this port")
+  serve.add_argument("--stop-on-stdin-eof", action="store_true",
+                     help="drain and exit when standard input reaches end of file: a parent that "
+                          "holds the other end of a pipe ties the server's life to its own (the "
+                          "loopback verifier of `dice train/eval/generate --verifier local` does)")
   _add_common(serve)
 
   check = sub.add_parser("check", help="verify candidates locally, no server",
@@ -253,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
                      auth_token=token, metrics_port=args.metrics_port, tls_cert=args.tls_cert,
                      tls_key=args.tls_key, tls_client_ca=args.tls_client_ca)
     try:
-      asyncio.run(server.serve(config, insecure=args.insecure))
+      asyncio.run(server.serve(config, insecure=args.insecure, stop_on_stdin_eof=args.stop_on_stdin_eof))
     except ValueError as e:
       return _usage_error(str(e))
     return EXIT_OK

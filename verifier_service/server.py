@@ -24,7 +24,9 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import logging
+import os
 import pathlib
+import sys
 from typing import Any, AsyncIterator
 
 import grpc
@@ -245,8 +247,32 @@ async def start_server(scheduler: scheduler_lib.Scheduler,
   return server, port, health_servicer
 
 
-async def serve(config: config_lib.ServerConfig, insecure: bool = False) -> None:
-  """Runs the server until SIGINT/SIGTERM, then drains for up to 30 s."""
+def _stop_on_eof(loop: asyncio.AbstractEventLoop, fd: int, stop: asyncio.Event) -> None:
+  """Sets `stop` once `fd` (a pipe whose write end the parent holds) reaches end of file.
+
+  Whatever way the parent ends (exit, crash, SIGKILL), the kernel closes its end of the pipe, so
+  a server started for one run cannot outlive it. Unlike PR_SET_PDEATHSIG this is tied to the
+  parent *process*, not to the thread that happened to start the child.
+  """
+  def readable() -> None:
+    try:
+      data = os.read(fd, 4096)
+    except BlockingIOError:
+      return
+    except OSError:
+      data = b""
+    if not data:
+      loop.remove_reader(fd)
+      log.info("standard input closed: the process that started this server is gone")
+      stop.set()
+  os.set_blocking(fd, False)
+  loop.add_reader(fd, readable)
+
+
+async def serve(config: config_lib.ServerConfig, insecure: bool = False,
+                stop_on_stdin_eof: bool = False) -> None:
+  """Runs the server until SIGINT/SIGTERM (or, with `stop_on_stdin_eof`, until standard input
+  closes), then drains for up to 30 s."""
   import signal  # pylint: disable=import-outside-toplevel
   check_exposure(config, insecure)
   scheduler = scheduler_lib.Scheduler.create(config)
@@ -258,6 +284,8 @@ async def serve(config: config_lib.ServerConfig, insecure: bool = False) -> None
   loop = asyncio.get_running_loop()
   for sig in (signal.SIGINT, signal.SIGTERM):
     loop.add_signal_handler(sig, stop.set)
+  if stop_on_stdin_eof:
+    _stop_on_eof(loop, sys.stdin.fileno(), stop)
   await stop.wait()
   log.info("shutting down")
   await health_servicer.enter_graceful_shutdown()

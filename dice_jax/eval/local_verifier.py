@@ -7,6 +7,15 @@ never importing verifier_service or torch (DESIGN §2); compile processes and GP
 the caller down; and it is stopped (SIGTERM, then SIGKILL) when the run ends. It needs the
 verifier's install (`pip install "dice-jax[verify]"`, torch and nvcc); without a GPU it gives
 compile-only NO_GPU verdicts, which every report states plainly.
+
+Decision: the server's life is tied to ours by a pipe, not by PR_SET_PDEATHSIG. The child's
+standard input is a pipe whose write end only this process holds; `serve --stop-on-stdin-eof`
+drains and exits when it reads end of file, which the kernel delivers however we end (SIGKILL
+included). PR_SET_PDEATHSIG follows the *thread* that started the child: `dice train` starts the
+server from a short-lived thread, whose exit SIGTERMed the server right after its preflight, so
+every rollout's verdicts came back "not reachable" (and no reward was ever earned). Without a
+`preexec_fn`, subprocess also starts the child with vfork + exec, running no Python in a forked
+copy of a multithreaded (JAX) process.
 """
 
 from __future__ import annotations
@@ -29,20 +38,6 @@ _STOP_TIMEOUT_S = 45.0  # the server drains for up to 30 s on SIGTERM
 
 class LocalVerifierError(RuntimeError):
   """The local verifier could not be started."""
-
-
-def _die_with_parent() -> None:
-  """Runs in the child before exec: SIGTERM it when the process that started it dies (even by
-  SIGKILL, which skips every cleanup of ours). Linux only; elsewhere the atexit hook must do.
-
-  Linux ties this to the starting *thread*: start the server from a thread that outlives it.
-  """
-  if not sys.platform.startswith("linux"):
-    return
-  import ctypes  # pylint: disable=import-outside-toplevel
-
-  pr_set_pdeathsig = 1
-  ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
 
 
 def free_port() -> int:
@@ -68,7 +63,7 @@ class LocalVerifier:
 
   def _command(self, port: int) -> list[str]:
     cmd = [sys.executable, "-m", "verifier_service.cli", "serve", "--listen", f"127.0.0.1:{port}",
-           "--log-level", "WARNING"]
+           "--log-level", "WARNING", "--stop-on-stdin-eof"]
     if self.cache_dir is not None:
       cmd += ["--cache-dir", str(self.cache_dir)]
     if self.compile_workers is not None:
@@ -93,8 +88,7 @@ class LocalVerifier:
       port = free_port()
       with open(self.log_path, "ab") as log:
         self._proc = subprocess.Popen(self._command(port), stdout=log, stderr=subprocess.STDOUT,
-                                      stdin=subprocess.DEVNULL, start_new_session=True,
-                                      preexec_fn=_die_with_parent)
+                                      stdin=subprocess.PIPE, start_new_session=True)
       if self._wait_ready(f"127.0.0.1:{port}"):
         self.target = f"127.0.0.1:{port}"
         atexit.register(self.stop)  # a last resort if the caller's own cleanup never runs
@@ -129,7 +123,11 @@ class LocalVerifier:
     """SIGTERM (the server drains), then SIGKILL of its whole process group if it lingers."""
     proc, self._proc, self.target = self._proc, None, None
     atexit.unregister(self.stop)
-    if proc is None or proc.poll() is not None:
+    if proc is None:
+      return
+    if proc.stdin is not None:
+      proc.stdin.close()
+    if proc.poll() is not None:
       return
     proc.send_signal(signal.SIGTERM)
     try:
