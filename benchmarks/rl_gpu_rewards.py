@@ -69,6 +69,7 @@ def main() -> int:
   args = parser.parse_args()
   logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
   from dice_jax.cli.train import load
+  from dice_jax.rewards import outcomes
   from dice_jax.rl.loop import run_rl
   from dice_jax.rl.summary import print_summary
   from dice_jax.train.sft_loop import SFTConfig, run_sft
@@ -104,12 +105,19 @@ def main() -> int:
   print("step " + " ".join(f"{k:>14}" for k in keys))
   for record in outcome.history:
     print(f"{record['step']:>4} " + " ".join(f"{record[k]:>14.4f}" if k in record else f"{'-':>14}" for k in keys))
+  for record in outcome.history:  # what the verifier said, counted (dice_jax.rewards.outcomes)
+    print(f"step {record['step']} outcomes: {outcomes.describe(outcomes.from_metrics(record)) or '-'}")
   phase1 = [r for r in outcome.history if r.get("curriculum/phase2_share") == 0]
   compiled = sum(r.get("phase1/compile", 0.0) for r in phase1) / max(len(phase1), 1)
   correct = sum(r.get("phase1/correct", 0.0) for r in phase1) / max(len(phase1), 1)
   print(f"RL: {outcome.step} steps in {time.perf_counter() - t1:.0f} s; phase-1 responses compiled {compiled:.1%}, "
         f"correct {correct:.1%}; verifier: {outcome.verifier}")
-  print(json.dumps({"sft_s": round(sft_s, 1), "phase1_compile_rate": compiled, "phase1_correct_rate": correct}))
+  first = outcome.history[0] if outcome.history else {}
+  print(f"first RL step: phase-1 responses compiled {first.get('phase1/compile', 0.0):.1%}, correct "
+        f"{first.get('phase1/correct', 0.0):.1%} (targets: >= 80%, >= 50%)")
+  print(json.dumps({"sft_s": round(sft_s, 1), "phase1_compile_rate": compiled, "phase1_correct_rate": correct,
+                    "first_step_phase1_compile": first.get("phase1/compile"),
+                    "first_step_phase1_correct": first.get("phase1/correct")}))
   return 0 if outcome.status == "done" else 1
 
 

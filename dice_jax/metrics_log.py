@@ -1,4 +1,5 @@
-"""Run metrics to TensorBoard, a JSONL file and the console, with a summary table at the end.
+"""Run metrics to TensorBoard, a JSONL file and the console, with a summary table at the end
+(of every metric, or of the few a command names; the files always have all of them).
 
 `<run_dir>/metrics.jsonl` holds one JSON object per logged step (`{"step": 10, "time": ...,
 "loss": ...}`), easy to plot without TensorBoard; `<run_dir>/tensorboard/` holds the event files.
@@ -88,8 +89,10 @@ class MetricsLogger:
   def __init__(self, run_dir: str, *, total_steps: int, start_step: int = 0,
                cfg: LoggingConfig = LoggingConfig(), title: str = "train",
                config_text: str | None = None, enabled: bool = True,
-               console: Console | None = None):
+               console: Console | None = None, summary_keys: Sequence[str] | None = None):
+    """`summary_keys`: the metrics the closing table shows (None: every metric logged; () none)."""
     self.run_dir = run_dir
+    self.summary_keys = summary_keys
     self.cfg = cfg
     self.enabled = enabled
     self.total_steps = total_steps
@@ -161,8 +164,10 @@ class MetricsLogger:
     rate = f"{steps / elapsed:.2f} steps/s" if elapsed > 0 and steps > 0 else ""
     table = Table(title=f"steps {self.start_step}->{self._last_step} in {elapsed:.1f} s {rate}")
     for column in ("metric", "first", "last", "min", "max", "mean"):
-      table.add_column(column, justify="left" if column == "metric" else "right")
-    for key, series in self._history.items():
+      table.add_column(column, justify="left" if column == "metric" else "right", no_wrap=column == "metric")
+    keys = self._history if self.summary_keys is None else [k for k in self.summary_keys if k in self._history]
+    for key in keys:
+      series = self._history[key]
       finite = [v for v in series if math.isfinite(v)] or [math.nan]
       table.add_row(key, _format(series[0]), _format(series[-1]), _format(min(finite)),
                     _format(max(finite)), _format(sum(finite) / len(finite)))
@@ -179,7 +184,7 @@ class MetricsLogger:
     if self._jsonl is not None:
       self._jsonl.close()
       self._jsonl = None
-    if self.enabled and self._history:
+    if self.enabled and self._history and self.summary_keys != ():
       self.console.print(self.summary_table())
 
   def __enter__(self) -> MetricsLogger:

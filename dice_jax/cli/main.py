@@ -1,4 +1,4 @@
-"""`dice`: the trainer-side command line (train, sft, eval, generate, plot).
+"""`dice`: the trainer-side command line (train, sft, eval, generate, rewards, plot).
 
 Each subcommand lives in its own module under dice_jax/cli/ and exposes
 `add_parser(subparsers) -> argparse.ArgumentParser` and `run(args) -> int` (the exit code).
@@ -18,6 +18,7 @@ COMMANDS = {
     "sft": "sft",
     "eval": "eval",
     "generate": "generate",
+    "rewards": "rewards",
     "plot": "plot",
 }
 

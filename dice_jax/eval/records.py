@@ -16,18 +16,12 @@ from typing import Any
 from google.protobuf import json_format
 
 from dice.verifier.v1 import verifier_pb2 as pb
-from dice_jax.data import extract
 from dice_jax.eval.metrics import SampleScore
 from dice_jax.rewards import defaults
+from dice_jax.rewards.candidates import is_format_verdict
 
 FORMAT = "FORMAT"
 FLAGGED = "FLAGGED"
-
-
-def is_format_verdict(verdict: pb.Verdict) -> bool:
-  """True for the local verdict of a generation with no usable code."""
-  return (verdict.outcome == pb.REJECTED and verdict.stage == pb.STAGE_PARSE
-          and not verdict.request_id and verdict.message.startswith(f"{extract.FORMAT}:"))
 
 
 def outcome_label(verdict: pb.Verdict) -> str:

@@ -21,6 +21,12 @@ def format_verdict(failure: str) -> pb.Verdict:
   return pb.Verdict(outcome=pb.REJECTED, stage=pb.STAGE_PARSE, message=failure)
 
 
+def is_format_verdict(verdict: pb.Verdict) -> bool:
+  """True for a `format_verdict` (made here, never by a verifier: it has no request id)."""
+  return (verdict.outcome == pb.REJECTED and verdict.stage == pb.STAGE_PARSE
+          and not verdict.request_id and verdict.message.startswith(f"{extract.FORMAT}:"))
+
+
 def extract_all(completions: Sequence[str], *, phase: Sequence[int], prefix: Sequence[str],
                 suffix: Sequence[str]) -> list[extract.Extraction]:
   """`extract.extract_candidate` per completion, with the per-completion item columns."""

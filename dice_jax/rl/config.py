@@ -236,6 +236,17 @@ class PipelineSection:
 
 
 @dataclasses.dataclass(frozen=True)
+class RLLoggingSection(LoggingConfig):
+  # Per step, this many completions of each phase are written to <run_dir>/samples/step_<N>.jsonl
+  # with their verdict's outcome and message and their reward components (0: none).
+  samples_per_phase: int = 2
+
+  def __post_init__(self):
+    super().__post_init__()
+    require(self.samples_per_phase >= 0, "samples_per_phase", f"must be >= 0, got {self.samples_per_phase}")
+
+
+@dataclasses.dataclass(frozen=True)
 class RLConfig:
   """Everything `dice train` reads; the defaults are the `tiny` run."""
   run_dir: str = "runs/tiny"
@@ -253,7 +264,7 @@ class RLConfig:
   mesh: MeshConfig = dataclasses.field(default_factory=MeshConfig)
   distributed: DistributedConfig = dataclasses.field(default_factory=DistributedConfig)
   checkpoint: CheckpointConfig = dataclasses.field(default_factory=lambda: CheckpointConfig(every_steps=3, keep=2))
-  logging: LoggingConfig = dataclasses.field(default_factory=lambda: LoggingConfig(
+  logging: RLLoggingSection = dataclasses.field(default_factory=lambda: RLLoggingSection(
       every_steps=1, console_metrics=("reward", "compile", "correct", "speedup", "kl")))
 
   def __post_init__(self):

@@ -76,8 +76,7 @@ class PromptBook:
       if phase == 1 and not problem.has_scaffold:
         raise ConfigError(f"data.phase1_files: problem {problem.id!r} ({problem.origin}) has no prefix/middle/"
                           "suffix scaffold; phase-1 (infilling) files need one per item")
-      messages = prompts_lib.build_messages(problem, phase, infilling=self.infilling, end_to_end=self.end_to_end)
-      text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+      text = self.render(problem, phase)
       ids = self.tokenizer.encode(text)
       if len(ids) > self.cfg.max_prompt_length:
         too_long += 1
@@ -91,6 +90,11 @@ class PromptBook:
       raise ConfigError(f"data.phase{phase}_files: none of the {len(loaded)} problems has a prompt of at most "
                         f"data.max_prompt_length={self.cfg.max_prompt_length} tokens")
     return kept
+
+  def render(self, problem: Problem, phase: int) -> str:
+    """The prompt text of `problem` in `phase`: the phase's template in the model's chat template."""
+    messages = prompts_lib.build_messages(problem, phase, infilling=self.infilling, end_to_end=self.end_to_end)
+    return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
 
   def prompt(self, phase: int, problem_id: str) -> Prompt:
     return self._prompts[(phase, problem_id)]

@@ -42,7 +42,7 @@ from dice_jax.config import to_dict
 from dice_jax.metrics_log import MetricsLogger, truncate_jsonl
 from dice_jax.model import hf_io
 from dice_jax.rewards.shaping import RewardComponent
-from dice_jax.rl import rewarding, setup, summary
+from dice_jax.rl import rewarding, samples, setup, summary
 from dice_jax.rl.config import RLConfig
 from dice_jax.rl.curriculum import Curriculum
 from dice_jax.rl.rollout import InFlight, RolloutEngine, item_columns
@@ -98,8 +98,10 @@ def run_rl(cfg: RLConfig, *, should_stop: Callable[[], bool] = lambda: False,
     loop = _Loop(cfg, run, engine, shaper, should_stop)
     if primary:  # a resumed run redoes the steps after its checkpoint
       truncate_jsonl(os.path.join(run_dir, summary.SPEEDUPS_FILE), run.start)
+      samples.drop_after(run_dir, run.start)
     with MetricsLogger(run_dir=run_dir, total_steps=cfg.train.steps, start_step=run.start, cfg=cfg.logging,
-                       title="dice train", config_text=config_text, enabled=primary) as logger:
+                       title="dice train", config_text=config_text, enabled=primary,
+                       summary_keys=summary.SUMMARY_METRICS) as logger:
       status = loop.train(logger)
     run.checkpointer.wait()
     hf_dir = None
@@ -172,8 +174,14 @@ class _Loop:
 
   def _update(self, current: InFlight, verdicts, logger: MetricsLogger) -> dict[str, float]:
     g = self.cfg.rollout.group_size
-    scored = rewarding.score(self.shaper, current.prompts, current.completions, verdicts,
-                             item_columns(current.items, g), g)
+    columns = item_columns(current.items, g)
+    scored = rewarding.score(self.shaper, current.prompts, current.completions, verdicts, columns,
+                             [i // g for i in range(len(current.completions))])
+    if logger.enabled and self.cfg.logging.samples_per_phase:
+      rows = samples.pick_rows(columns["phase"], g, self.cfg.logging.samples_per_phase)
+      samples.write_step(logger.run_dir, current.step + 1, rows, labels=scored.labels, verdicts=verdicts,
+                         completions=current.completions, columns=columns, total=scored.result.total,
+                         valid=scored.result.valid, components=scored.result.components)
     batch = {**current.batch, "rewards": self.engine.reward_array(scored.result.total, "float32"),
              "reward_valid": self.engine.reward_array(scored.result.valid, "bool")}
     batch = jax.device_put(batch, self.batch_sharding)

@@ -3,8 +3,9 @@
 Per generated token t of response i (ratio r = exp(logp - old_logp), advantage A_i):
   clipped    -min(r A, clip(r, 1 - eps_low, 1 + eps_high) A)     (PPO/GRPO surrogate)
   unclipped  -r A                                                  (importance-weighted policy gradient)
-plus `beta * k3`, the k3 estimator of KL(pi || pi_ref) = exp(d) - d - 1 with d = ref_logp - logp,
-where ref is the behaviour ("old") policy or a frozen reference model (`algo.kl_reference`).
+plus `beta * k3`, the k3 estimator of KL(pi || pi_ref) = exp(d) - d - 1 with d = ref_logp - logp
+clamped to +-10 as DICE does, where ref is the behaviour ("old") policy or a frozen reference model
+(`algo.kl_reference`).
 
 Normalisation is by a *constant*: the sum over every token of every response in the minibatch,
 divided by (responses in the minibatch x `norm_length`), as Dr. GRPO argues: dividing each response
@@ -22,9 +23,15 @@ import jax
 import jax.numpy as jnp
 
 
+# DICE (and TraceRL) clamp the k3 log-ratio to this range: one token whose policy moved far from
+# the reference (log-prob -30 against -2, say) would otherwise dominate the whole KL term.
+KL_LOG_RATIO_CLAMP = 10.0
+
+
 def k3(logp: jax.Array, ref_logp: jax.Array) -> jax.Array:
-  """Schulman's k3 estimator of KL(pi || ref) per token: unbiased, >= 0, low variance."""
-  d = jax.lax.stop_gradient(ref_logp) - logp
+  """Schulman's k3 estimator of KL(pi || ref) per token, exp(d) - d - 1 with d = ref_logp - logp
+  clamped to +-KL_LOG_RATIO_CLAMP: unbiased inside the clamp, >= 0, low variance, always finite."""
+  d = jnp.clip(jax.lax.stop_gradient(ref_logp) - logp, -KL_LOG_RATIO_CLAMP, KL_LOG_RATIO_CLAMP)
   return jnp.exp(d) - d - 1.0
 
 
@@ -51,11 +58,16 @@ def policy_loss(name: str, logp_BxG: jax.Array, old_logp_BxG: jax.Array, advanta
   """(scalar loss, metrics) of one minibatch; see the module docstring."""
   if name not in LOSSES:
     raise ValueError(f"policy loss {name!r}; choose one of {sorted(LOSSES)}")
-  logp = logp_BxG.astype(jnp.float32)
-  ratio = jnp.exp(logp - jax.lax.stop_gradient(old_logp_BxG.astype(jnp.float32)))
+  # Positions outside the mask (after EOS, never-generated blocks) hold whatever log-probs the
+  # model gives them while the recorded ones are 0: they enter exp() as 0, so an extreme value there
+  # cannot turn into inf * 0 = NaN in the masked sums (or in their gradients).
+  logp = jnp.where(mask_BxG, logp_BxG.astype(jnp.float32), 0.0)
+  old = jnp.where(mask_BxG, old_logp_BxG.astype(jnp.float32), 0.0)
+  ref = old if kl_ref_BxG is None else jnp.where(mask_BxG, kl_ref_BxG.astype(jnp.float32), 0.0)
+  ratio = jnp.exp(logp - jax.lax.stop_gradient(old))
   adv_BxG = jnp.broadcast_to(advantages_B[:, None], logp.shape).astype(jnp.float32)
   surrogate, clip_active = LOSSES[name](ratio, adv_BxG, eps_low, eps_high)
-  kl = k3(logp, old_logp_BxG if kl_ref_BxG is None else kl_ref_BxG)
+  kl = k3(logp, ref)
   token_w = mask_BxG.astype(jnp.float32) * weights_B[:, None].astype(jnp.float32)
   denominator = logp.shape[0] * float(norm_length)
   pg_loss = jnp.sum(surrogate * token_w) / denominator

@@ -25,8 +25,7 @@ from jax.experimental import multihost_utils
 
 from dice.verifier.v1 import verifier_pb2 as pb
 from dice_jax.config import ConfigError
-from dice_jax.data.extract import FORMAT
-from dice_jax.rewards import defaults
+from dice_jax.rewards import defaults, outcomes
 from dice_jax.rewards.shaping import RewardComponent, RewardResult, RewardShaper
 from dice_jax.rl.config import RewardsSection
 
@@ -74,15 +73,21 @@ class Scored:
   result: RewardResult  # this process's rows
   metrics: dict[str, float]
   speedups: np.ndarray  # of correct, timed kernels (all rows)
+  labels: list[str]  # this process's rows: what happened to each (dice_jax.rewards.outcomes)
+
+
+# Label <-> number, so labels travel with the other per-row facts when processes gather them.
+_LABELS = (*outcomes.LABELS, *(n for n in pb.Outcome.keys() if n not in outcomes.LABELS))
 
 
 def _facts(verdicts: Sequence[pb.Verdict]) -> np.ndarray:
-  """[rows, 4]: compiled, correct, speedup (nan if none), code extracted."""
-  out = np.zeros((len(verdicts), 4), np.float64)
+  """[rows, 5]: compiled, correct, speedup (nan if none), code extracted, label index."""
+  out = np.zeros((len(verdicts), 5), np.float64)
   for i, v in enumerate(verdicts):
     timed = v.outcome == pb.OK and v.HasField("timing") and v.timing.speedup > 0
+    label = outcomes.label(v)
     out[i] = (defaults.compiled(v), v.outcome == pb.OK, v.timing.speedup if timed else math.nan,
-              not v.message.startswith(f"{FORMAT}:"))
+              label != outcomes.FORMAT, _LABELS.index(label))
   return out
 
 
@@ -102,21 +107,22 @@ def _rates(facts: np.ndarray, prefix: str) -> dict[str, float]:
 
 
 def score(shaper: RewardShaper, prompts: Sequence[str], completions: Sequence[str], verdicts: Sequence[pb.Verdict],
-          columns: dict[str, list], group_size: int) -> Scored:
-  """Rewards of this process's rows and the metrics of all rows."""
-  group_ids = [i // group_size for i in range(len(completions))]
-  result = shaper(list(prompts), list(completions), list(verdicts), group_ids=group_ids, **columns)
+          columns: dict[str, list], group_ids: Sequence[int]) -> Scored:
+  """Rewards of this process's rows and the metrics of all rows (`group_ids`: the GRPO group of each
+  row, for components normalised per group)."""
+  result = shaper(list(prompts), list(completions), list(verdicts), group_ids=list(group_ids), **columns)
   local = np.concatenate([_facts(verdicts), np.asarray(columns["phase"], np.float64)[:, None],
                           result.total[:, None], result.valid[:, None]], axis=1)
   rows = _gather(local)
-  facts, phase, total, valid = rows[:, :4], rows[:, 4], rows[:, 5], rows[:, 6] > 0
+  facts, phase, total, valid = rows[:, :5], rows[:, 5], rows[:, 6], rows[:, 7] > 0
   metrics = dict(result.metrics)
   metrics["reward"] = float(total[valid].mean()) if valid.any() else 0.0
   metrics |= _rates(facts, "")
+  metrics |= outcomes.metrics([_LABELS[int(i)] for i in facts[:, 4]], [int(p) for p in phase])
   for p in (1, 2):
     sel = phase == p
     metrics |= _rates(facts[sel], f"phase{p}/")
     if sel.any():
       metrics[f"phase{p}/reward"] = float(total[sel & valid].mean()) if (sel & valid).any() else 0.0
   speedups = facts[:, 2][np.isfinite(facts[:, 2])]
-  return Scored(result=result, metrics=metrics, speedups=speedups)
+  return Scored(result=result, metrics=metrics, speedups=speedups, labels=[outcomes.label(v) for v in verdicts])

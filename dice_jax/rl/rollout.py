@@ -102,15 +102,18 @@ class RolloutEngine:
     start = chunk * self.chunk + jax.process_index() * self.local_chunk
     return slice(start, start + self.local_chunk)
 
+  def prompt_arrays(self, items: list[dict[str, Any]]) -> tuple[np.ndarray, np.ndarray]:
+    """This process's rows' prompt ids, padded to `data.max_prompt_length`, and their lengths."""
+    prompts = [self.book.prompt(item["phase"], item["problem_id"]) for item in items for _ in range(self.group_size)]
+    ids = np.full((len(prompts), self.cfg.data.max_prompt_length), self.spec.pad_id, np.int32)
+    for row, prompt in enumerate(prompts):
+      ids[row, :len(prompt.ids)] = prompt.ids
+    return ids, np.array([len(p.ids) for p in prompts], np.int32)
+
   def start(self, step: int, params: Any, items: list[dict[str, Any]]) -> InFlight:
     """Samples this step's rollout with `params` and submits its completions (returns at once)."""
     t0 = time.perf_counter()
-    g, width = self.group_size, self.cfg.data.max_prompt_length
-    prompts = [self.book.prompt(item["phase"], item["problem_id"]) for item in items for _ in range(g)]
-    ids = np.full((len(prompts), width), self.spec.pad_id, np.int32)
-    for row, prompt in enumerate(prompts):
-      ids[row, :len(prompt.ids)] = prompt.ids
-    lengths = np.array([len(p.ids) for p in prompts], np.int32)
+    ids, lengths = self.prompt_arrays(items)
     key = jax.random.fold_in(jax.random.key(self.cfg.rollout.seed), step)
     chunks = []
     with jax.set_mesh(self.mesh):
@@ -133,18 +136,27 @@ class RolloutEngine:
                                          self.cfg.algo.prompt_mask_prob)[0]
         chunks.append(part)
     batch = {k: jnp.concatenate([jnp.atleast_1d(c[k]) for c in chunks]) for k in chunks[0]}
+    return self.submit(step, items, batch, sample_s=time.perf_counter() - t0)
+
+  def submit(self, step: int, items: list[dict[str, Any]], batch: dict[str, jax.Array],
+             sample_s: float = 0.0) -> InFlight:
+    """Decodes this process's completions from `batch` (a rollout's device arrays, as `start`
+    builds them: `tokens`, `lengths`, `finished`, ...) and submits them to the verifier."""
+    batch = dict(batch)
     row_lengths, finished = batch.pop("lengths"), batch.pop("finished")
     mismatch = None
     if "mismatch" in batch:
       mismatch = float(jnp.sum(batch.pop("mismatch"))) / max(float(jnp.sum(batch["valid"])), 1.0)
     tokens_np, lengths_np = _global_numpy(batch["tokens"]), _global_numpy(row_lengths)
-    local_rows = np.concatenate([np.arange(self.rows)[self._local_rows(c)] for c in range(len(chunks))])
+    chunks = self.rows // self.chunk
+    local_rows = np.concatenate([np.arange(self.rows)[self._local_rows(c)] for c in range(chunks)])
     completions = [self.tokenizer.decode(tokens_np[r, :lengths_np[r]], skip_special_tokens=True) for r in local_rows]
-    sample_s = time.perf_counter() - t0
+    g = self.group_size
+    prompts = [self.book.prompt(item["phase"], item["problem_id"]).text for item in items for _ in range(g)]
     future = submit_completions(self.client, completions, options=self.options, **item_columns(items, g))
-    return InFlight(step=step, items=list(items), batch=batch, prompts=[p.text for p in prompts],
-                    completions=completions, verdicts=future, lengths=lengths_np,
-                    finished=_global_numpy(finished), sample_s=sample_s, logprob_mismatch=mismatch)
+    return InFlight(step=step, items=list(items), batch=batch, prompts=prompts, completions=completions,
+                    verdicts=future, lengths=lengths_np, finished=_global_numpy(finished), sample_s=sample_s,
+                    logprob_mismatch=mismatch)
 
   def reward_array(self, local_values: np.ndarray, dtype) -> jax.Array:
     """A global [rows] array in the batch's row order from this process's per-row values."""

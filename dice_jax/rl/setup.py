@@ -56,6 +56,13 @@ def _check_batch(cfg: RLConfig, mesh: jax.sharding.Mesh) -> None:
                 micro, ways)
 
 
+def verify_options(section: VerifierSection) -> pb.VerifyOptions:
+  """What every request of a run asks the verifier for (precision, trials, tolerances, timing)."""
+  return pb.VerifyOptions(precision=PRECISIONS[section.precision],
+                          num_correctness_trials=section.num_correctness_trials, atol=section.atol,
+                          rtol=section.rtol, skip_timing=section.skip_timing)
+
+
 def connect_verifier(section: VerifierSection, run_dir: str) -> connect_lib.Connection:
   spec = "local" if section.targets == ("local",) else ",".join(section.targets)
   return connect_lib.connect(spec, connect_timeout_s=section.connect_timeout_s,
@@ -110,10 +117,7 @@ class Run:
     self.stream = self.book.stream(cfg.data.phase1_files, cfg.data.phase2_files, need_phase1=c.phase1_steps != 0,
                                    need_phase2=c.schedule == "metric" or c.phase1_steps < cfg.train.steps)
     rewarding.custom_components(cfg.rewards)  # import user reward functions now: a typo fails in seconds
-    self.verify_options = pb.VerifyOptions(precision=PRECISIONS[cfg.verifier.precision],
-                                           num_correctness_trials=cfg.verifier.num_correctness_trials,
-                                           atol=cfg.verifier.atol, rtol=cfg.verifier.rtol,
-                                           skip_timing=cfg.verifier.skip_timing)
+    self.verify_options = verify_options(cfg.verifier)
     pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="verifier-start")
     verifier = pool.submit(connect_verifier, cfg.verifier, self.run_dir)
     pool.shutdown(wait=False)

@@ -1,9 +1,11 @@
-"""The end-of-run table of `dice train`, and the run's speedup record for `dice plot`.
+"""The end-of-run tables of `dice train`, and the run's speedup record for `dice plot`.
 
-MetricsLogger prints every metric's first/last/min/max/mean when it closes; this is the short
-answer to "did it learn, and where did the time go": one row per curriculum phase (steps whose
-prompts were all phase 1, mixed, all phase 2) with mean reward, compile/correct rates, speedup,
-KL and entropy; the caption gives the verifier and the share of step time spent waiting on verdicts.
+The short answer to "did it learn, what happened, and where did the time go": one row per
+curriculum phase (steps whose prompts were all phase 1, mixed, all phase 2) with mean reward,
+compile/correct rates, speedup, KL and entropy (the caption gives the verifier and the share of
+step time spent waiting on verdicts); then the count of each outcome per item phase over the run
+(dice_jax.rewards.outcomes); and, when no response earned any reward, those counts in words. The
+metrics table MetricsLogger prints at close shows only SUMMARY_METRICS.
 """
 
 from __future__ import annotations
@@ -16,6 +18,12 @@ from collections.abc import Sequence
 from rich.console import Console
 from rich.table import Table
 
+from dice_jax.rewards import outcomes
+from dice_jax.rl import samples
+
+PHASE_NAMES = {1: "1 (infilling)", 2: "2 (end to end)"}
+# The few metrics the closing metrics table shows; every metric is in metrics.jsonl and TensorBoard.
+SUMMARY_METRICS = ("loss", "grad_norm", "clip_frac", "timing/step_s", "timing/sample_s", "wait_frac")
 SPEEDUPS_FILE = "speedups.jsonl"  # per step: the speedups of correct, timed kernels (for `dice plot`)
 _COLUMNS = (("reward", "reward"), ("compile", "compile"), ("correct", "correct"), ("speedup", "speedup"),
             ("kl", "KL"), ("entropy", "entropy"))
@@ -50,16 +58,51 @@ def summary_table(history: Sequence[dict], verifier: str = "") -> Table:
   return table
 
 
+def outcome_totals(history: Sequence[dict]) -> dict[int, dict[str, float]]:
+  """{item phase: {label: responses}} summed over every logged step (dice_jax.rewards.outcomes)."""
+  totals: dict[int, dict[str, float]] = {}
+  for record in history:
+    for phase in (1, 2):
+      for name, n in outcomes.from_metrics(record, f"phase{phase}/").items():
+        if n:
+          totals.setdefault(phase, {}).setdefault(name, 0.0)
+          totals[phase][name] += n
+  return totals
+
+
+def outcome_table(totals: dict[int, dict[str, float]]) -> Table:
+  present = [name for name in outcomes.LABELS if any(name in t for t in totals.values())]
+  present += sorted({name for t in totals.values() for name in t} - set(present))
+  table = Table(title="responses by outcome")  # counts over every step of the run
+  table.add_column("item phase", no_wrap=True)
+  for name in present:
+    table.add_column(name, justify="right")
+  for phase, counted in sorted(totals.items()):
+    table.add_row(PHASE_NAMES[phase], *(str(int(counted.get(name, 0))) for name in present))
+  return table
+
+
+def zero_reward_note(totals: dict[int, dict[str, float]], run_dir: str) -> str:
+  """What the verdicts say about a run in which no response earned any reward."""
+  parts = [f"{PHASE_NAMES[phase]}: {outcomes.describe(counted)}" for phase, counted in sorted(totals.items())]
+  note = "No response earned any reward. " + ("; ".join(parts) + "." if parts else "No verdicts were logged.")
+  if run_dir:
+    note += f" Sampled completions with their verdicts: {os.path.join(run_dir, samples.SAMPLES_DIR)}/"
+  return note
+
+
 def print_summary(result, console: Console | None = None) -> None:
-  """The table, plus a plain note when no response earned any reward."""
+  """The per-phase table, what happened to the responses, and, when no response earned any reward,
+  the outcome counts that say why (read from the verdicts, never guessed)."""
   console = console or Console(stderr=True)
   if not result.history:
     return
   console.print(summary_table(result.history, result.verifier))
+  totals = outcome_totals(result.history)
+  if totals:
+    console.print(outcome_table(totals))
   if all(r.get("reward", 0.0) == 0.0 for r in result.history):
-    console.print("No response earned any reward: no generation held code that parsed or compiled. Expected "
-                  "of a random or barely trained model (the tiny default); start from an SFT'd checkpoint "
-                  "(model.path=...) to learn.", highlight=False)
+    console.print(zero_reward_note(totals, result.run_dir), highlight=False)
 
 
 def append_speedups(run_dir: str, step: int, speedups: Sequence[float]) -> None:

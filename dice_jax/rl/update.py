@@ -7,7 +7,8 @@ One call consumes one rollout batch of P prompts x G responses (rows grouped by 
      of the shared SFT/RL step (dice_jax.train.step: float32 master params, compute-dtype forward,
      gradient accumulation, AdamW), so the later minibatches are off-policy and the clipped ratio
      and the KL to the behaviour policy do their work (DICE: 4 updates per rollout batch);
-  3. metrics averaged over minibatches (ratio_max/min: max/min).
+  3. metrics combined over minibatches and micro-batches by dice_jax.train.step.reduce_metric
+     (ratio_max / ratio_min are the true max and min; the rest are means).
 
 The batch (all rows on the leading axis, sharded over data x fsdp):
   prompt int32 BxP, prompt_lengths int32 B       the sampler's input
@@ -36,10 +37,8 @@ from dice_jax.rl import loss as loss_lib
 from dice_jax.rl.config import AlgoSection
 from dice_jax.rl.logprobs import policy_logprobs
 from dice_jax.rl.scoring import ScoringSpec
-from dice_jax.train.step import make_train_step
+from dice_jax.train.step import make_train_step, reduce_metric
 from dice_jax.train.train_state import TrainState
-
-_REDUCE = {"ratio_max": jnp.max, "ratio_min": jnp.min}
 
 
 def batch_keys(algo: AlgoSection) -> tuple[str, ...]:
@@ -91,7 +90,7 @@ def make_update_step(graphdef: nnx.GraphDef, spec: ScoringSpec, algo: AlgoSectio
         batch["reward_valid"].reshape(rows // group_size, group_size))
     batch = {**batch, "advantages": adv_PxG.reshape(rows), "weights": weight_PxG.reshape(rows)}
     state, per_mb = jax.lax.scan(train_step, state, _strided_split(batch, num_minibatches))
-    metrics = {k: _REDUCE.get(k, jnp.mean)(v) for k, v in per_mb.items()}
+    metrics = {k: reduce_metric(k, v) for k, v in per_mb.items()}
     valid = batch["reward_valid"].astype(jnp.float32)
     metrics["reward_mean"] = jnp.sum(batch["rewards"] * valid) / jnp.maximum(jnp.sum(valid), 1.0)
     return state, metrics | adv_metrics

@@ -42,6 +42,16 @@ def _split_microbatches(batch: Any, num: int) -> Any:
   return jax.tree.map(split, batch)
 
 
+def reduce_metric(name: str, values: jax.Array, axis: int = 0) -> jax.Array:
+  """Combines one metric's values over micro-batches or minibatches: a metric named `*_max` by its
+  max, `*_min` by its min, any other by its mean (each part weighted equally)."""
+  if name.endswith("_max"):
+    return jnp.max(values, axis=axis)
+  if name.endswith("_min"):
+    return jnp.min(values, axis=axis)
+  return jnp.mean(values, axis=axis)
+
+
 def make_train_step(loss_fn: LossFn, tx: optax.GradientTransformation,
                     schedule: optax.Schedule, *, compute_dtype: Any = jnp.bfloat16,
                     grad_accum_steps: int = 1) -> Callable[..., tuple[TrainState, dict]]:
@@ -49,8 +59,8 @@ def make_train_step(loss_fn: LossFn, tx: optax.GradientTransformation,
 
   The loss sees a `compute_dtype` copy of the float32 master params; gradients flow back through
   the cast, so grads and optimizer moments stay float32. With `grad_accum_steps > 1` the batch is
-  split into equal micro-batches scanned in sequence, and loss, metrics and gradients are their
-  means (each micro-batch weighted equally).
+  split into equal micro-batches scanned in sequence; loss and gradients are their means (each
+  micro-batch weighted equally), metrics are combined by `reduce_metric` (`*_max` by max, ...).
   """
   def compute_loss(params, batch, rng, context):
     return loss_fn(cast_floating(params, compute_dtype), batch, rng, context)
@@ -65,12 +75,13 @@ def make_train_step(loss_fn: LossFn, tx: optax.GradientTransformation,
 
     def body(acc, xs):
       (loss, aux), grads = grad_fn(params, *xs, context)
-      return jax.tree.map(jnp.add, acc, ((loss, aux), grads)), None
+      return jax.tree.map(jnp.add, acc, (loss, grads)), aux
 
     shapes = jax.eval_shape(grad_fn, params, jax.tree.map(lambda x: x[0], micro), rngs[0], context)
-    zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
-    total, _ = jax.lax.scan(body, zeros, (micro, rngs))
-    return jax.tree.map(lambda x: x / grad_accum_steps, total)
+    zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), (shapes[0][0], shapes[1]))
+    (loss, grads), aux_per_micro = jax.lax.scan(body, zeros, (micro, rngs))
+    aux = {k: reduce_metric(k, v) for k, v in aux_per_micro.items()}
+    return (loss / grad_accum_steps, aux), jax.tree.map(lambda g: g / grad_accum_steps, grads)
 
   def train_step(state: TrainState, batch: Any,
                  context: Any = None) -> tuple[TrainState, dict[str, jax.Array]]:

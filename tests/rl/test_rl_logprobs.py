@@ -98,6 +98,42 @@ def test_one_step_and_coupled_estimators(arch):
   assert 0 < masked.sum() < lengths.sum()
   for estimator in ("one_step", "coupled"):
     logp, _ = _score(graphdef, params, spec, estimator, batch)
-    again, _ = _score(graphdef, params, spec, estimator, batch)
-    np.testing.assert_array_equal(np.asarray(logp), np.asarray(again))  # masks come from the rows' keys
     assert np.all(np.isfinite(np.asarray(logp))) and np.all(np.asarray(logp)[committed] < 0)
+    # Against the model's own forward over each state, built here independently of scoring.py.
+    want = _state_by_state(model, spec, *ESTIMATORS_OF(spec, batch, estimator), batch)
+    np.testing.assert_allclose(np.asarray(logp)[committed], want[committed], atol=2e-5, err_msg=estimator)
+
+
+def ESTIMATORS_OF(spec, batch, estimator):  # noqa: N802  (reads like the registry it calls)
+  prompt, states, index = logprobs.ESTIMATORS[estimator](spec, batch, 0.15)  # policy_logprobs' default
+  return np.asarray(prompt), np.asarray(states), np.asarray(index)
+
+
+@nnx.jit
+def _forward(model, tokens):
+  return model(tokens, attention=model.config.attention)
+
+
+def _state_by_state(model, spec, prompt_BxP, states_BxCxG, index_BxG, batch) -> np.ndarray:
+  """log_softmax(logits / T)[token] of every generated token from the state that scores it, by
+  plain forward passes of the model (`model(tokens, attention=...)`):
+  - bidirectional: the canvas [prompt | state], everything sees everything;
+  - block-causal: for the block (absolute position // block_size) holding token j, the sequence
+    [prompt | clean tokens of earlier blocks | the state's tokens from that block on]; block-causal
+    attention keeps later blocks out of its logits, so one batched call covers every block."""
+  tokens, lengths = np.asarray(batch["tokens"]), np.asarray(batch["prompt_lengths"])
+  rows, gen = tokens.shape
+  out = np.zeros((rows, gen), np.float32)
+  block = spec.family == "block"
+  for r in range(rows):
+    p = lengths[r]
+    positions = p + np.arange(gen)
+    starts = sorted(set(positions // spec.block_size * spec.block_size)) if block else [None]
+    for c in range(states_BxCxG.shape[1]):
+      seqs = [np.concatenate([prompt_BxP[r, :p], states_BxCxG[r, c] if start is None
+                              else np.where(positions < start, tokens[r], states_BxCxG[r, c])]) for start in starts]
+      logits = np.asarray(_forward(model, jnp.asarray(np.stack(seqs), jnp.int32)))
+      for j in np.flatnonzero(index_BxG[r] == c):
+        k = starts.index(positions[j] // spec.block_size * spec.block_size) if block else 0
+        out[r, j] = jax.nn.log_softmax(logits[k, p + j] / spec.temperature)[tokens[r, j]]
+  return out

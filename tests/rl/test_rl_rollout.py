@@ -1,7 +1,10 @@
 """RolloutEngine: sampled rows grouped by prompt, in sampler-call chunks; old log-probs recomputed
-under the behaviour params equal the sampler's; the frozen reference's log-probs; completions
+under the behaviour params equal the sampler's; the frozen reference model's log-probs (a different
+model, so they cannot be confused with the policy's); completions
 decoded and submitted (all format failures here: a random model writes no code, so nothing reaches
 the verifier and none needs to run)."""
+
+import dataclasses
 
 import jax
 import numpy as np
@@ -35,14 +38,17 @@ def engine_parts(tmp_path_factory):
   client = VerifierClient(ClientConfig(targets=("127.0.0.1:9",), connect_timeout_s=0.5, max_attempts=1))
   graphdef = model_setup.abstract_params(config, mesh)[0]
   spec = spec_for(config, sampling)
+  # The frozen reference: another model (other seed), so its log-probs cannot pass for the policy's.
+  ref_params = cast_floating(model_setup.load_params(
+      dataclasses.replace(cfg.model, seed=cfg.model.seed + 1), config, mesh), np.float32)
   engine = RolloutEngine(cfg, graphdef, spec, sampling, mesh, tokenizer, book, client, pb.VerifyOptions(),
-                         ref_params=params)
-  yield engine, params, stream, sampling
+                         ref_params=ref_params)
+  yield engine, params, ref_params, stream, sampling
   client.close()
 
 
 def test_rollout_batch_old_and_reference_logprobs(engine_parts):
-  engine, params, stream, sampling = engine_parts
+  engine, params, ref_params, stream, sampling = engine_parts
   items = stream.next_batch(0, 2)
   inflight = engine.start(0, params, items)
   batch = inflight.batch
@@ -52,11 +58,18 @@ def test_rollout_batch_old_and_reference_logprobs(engine_parts):
   # Two sampler calls of 4 rows (rollout.batch_size=4); rows of one prompt still differ (sampling).
   tokens = np.asarray(batch["tokens"])
   assert len({tuple(t) for t in tokens[:4]}) > 1
-  # Old log-probs recomputed under the sampling params (TraceRL) equal what a sampler records, and
-  # the reference (the same start params here) gives the same numbers.
+  # Old log-probs recomputed under the sampling params (TraceRL) equal what the sampler recorded.
   valid = np.asarray(batch["valid"])
   assert inflight.logprob_mismatch is not None and inflight.logprob_mismatch < 2e-5
-  np.testing.assert_allclose(np.asarray(batch["ref_logp"])[valid], np.asarray(batch["old_logp"])[valid], atol=1e-6)
+  # The reference's are the reference model's (scored on the same trace), not the policy's.
+  algo = engine.cfg.algo
+  with jax.set_mesh(engine.mesh):
+    want_ref = engine._score(ref_params, engine.spec, algo.logprob, batch, algo.prompt_mask_prob)[0]
+    want_old = engine._score(params, engine.spec, algo.logprob, batch, algo.prompt_mask_prob)[0]
+  ref, old = np.asarray(batch["ref_logp"])[valid], np.asarray(batch["old_logp"])[valid]
+  np.testing.assert_allclose(ref, np.asarray(want_ref)[valid], atol=1e-6)
+  np.testing.assert_allclose(old, np.asarray(want_old)[valid], atol=1e-6)
+  assert np.abs(ref - old).mean() > 1e-2
   verdicts = inflight.verdicts.result(timeout=30)
   assert len(verdicts) == 8 == len(inflight.completions)
   assert all(v.outcome == pb.REJECTED and v.message.startswith("format:") for v in verdicts)

@@ -96,6 +96,15 @@ def test_tiny_run_end_to_end_with_a_real_verifier_and_a_custom_reward(first_run)
     assert r["grad_norm"] > 0 and r["adv/zero_var_groups"] == 0
   assert records[0]["kl"] > 0  # the second minibatch of a step is off-policy
   assert records[0]["ratio_mean"] != 1.0
+  # What happened, per step: outcome counts (every response of a random model has no code: FORMAT,
+  # never sent) and a few sampled completions per phase with their verdicts.
+  for r in records:
+    assert r["outcomes/FORMAT"] == 8 and r["outcomes/UNREACHABLE"] == 0 and r["outcomes/NO_GPU"] == 0
+  samples = [json.loads(line) for line in (run_dir / "samples" / "step_3.jsonl").read_text().splitlines()]
+  assert len(samples) == 2 and {s["phase"] for s in samples} == {2} and samples[0]["outcome"] == "FORMAT"
+  assert {"problem_id", "message", "components", "reward", "completion"} <= set(samples[0])
+  assert sorted(p.name for p in (run_dir / "samples").iterdir()) == [f"step_{n}.jsonl" for n in (1, 2, 3, 4)]
+  assert "responses by outcome" in done.stderr and "No response earned" not in done.stderr  # letters
   # Outputs: checkpoints, TensorBoard, the resolved config, the policy in HF layout, the summary table.
   assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["2", "4"]
   assert list((run_dir / "tensorboard").glob("events.out.tfevents.*"))

@@ -220,3 +220,25 @@ def test_context_is_passed_whole_and_gets_no_gradient():
   np.testing.assert_allclose(float(metrics["loss"]), float(want), rtol=1e-5)
   np.testing.assert_allclose(float(metrics["penalty"]), float(jnp.sum((params["w"] - 1) ** 2)),
                              rtol=1e-6)
+
+
+@pytest.mark.parametrize("accum", [1, 4])
+def test_max_and_min_metrics_are_true_extremes_under_gradient_accumulation(accum):
+  """`*_max` / `*_min` metrics are the max / min over the whole batch, not the mean of the
+  micro-batches' extremes (RL's ratio_max / ratio_min); other metrics are means."""
+  def loss_fn(params, batch, rng, context):
+    del rng, context
+    err = batch["x"] @ params["w"] - batch["y"]
+    return jnp.mean(err ** 2), {"err_max": jnp.max(err), "err_min": jnp.min(err), "err": jnp.mean(err)}
+
+  tx, schedule = make_optimizer(OptimizerConfig(lr=0.1), total_steps=1)
+  mesh = _mesh((1, 1, 1))
+  params = {"w": jnp.ones((D, K))}
+  shardings = state_shardings(tx, {"w": NamedSharding(mesh, P())}, params, mesh)
+  step = jax.jit(make_train_step(loss_fn, tx, schedule, compute_dtype=jnp.float32, grad_accum_steps=accum))
+  batch = next(_batches(1))
+  _, metrics = step(create_train_state(params, tx, seed=0, shardings=shardings), batch)
+  err = batch["x"] @ np.ones((D, K), np.float32) - batch["y"]
+  assert float(metrics["err_max"]) == pytest.approx(err.max(), rel=1e-5)
+  assert float(metrics["err_min"]) == pytest.approx(err.min(), rel=1e-5)
+  assert float(metrics["err"]) == pytest.approx(err.mean(), rel=1e-4, abs=1e-5)
