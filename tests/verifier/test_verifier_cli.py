@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import pathlib
 import re
 import socket
 import subprocess
@@ -14,6 +15,7 @@ import pytest
 from dice.verifier.v1 import verifier_pb2 as pb
 
 from verifier_service import cli
+from verifier_service import server as server_lib
 
 import verifier_harness
 import verifier_kernels as kernels
@@ -196,3 +198,23 @@ def test_check_server_unreachable_is_one_clear_error(files):
   assert proc.stderr.strip().splitlines() == [
       f"dice-verifier: cannot reach the verifier at 127.0.0.1:{port} within 2 s (plaintext): is `dice-verifier "
       "serve` running there, and does it speak plaintext?"]
+
+
+def test_ready_line_says_address_gpus_slots_and_auth():
+  config = lambda **kw: verifier_harness.make_config("/tmp", compile_workers=16, **kw)
+  h200 = pb.ServerInfo(compile_workers=16)
+  h200.gpus.add(index=0, name="NVIDIA H200", arch="sm_90", slots=1)
+  line = server_lib.ready_line(h200, "0.0.0.0:50051", 50051, config(auth_token="t"), insecure=False)
+  assert line == ("dice-verifier: serving on 0.0.0.0:50051; GPU 0 NVIDIA H200 (sm_90) x1 slot; 16 compile "
+                  "workers; auth: bearer token")
+  readme = (pathlib.Path(__file__).resolve().parents[2] / "README.md").read_text()
+  assert f"`{line}`" in readme  # the README shows the real line
+  nogpu = pb.ServerInfo(compile_workers=2)
+  assert server_lib.ready_line(nogpu, "127.0.0.1:0", 41234, config(), insecure=False).endswith(
+      "serving on 127.0.0.1:41234; no GPU: compile-only (verdicts NO_GPU after compiling); 2 compile workers; "
+      "auth: none (loopback only)")
+  tls = config(tls_cert="s.pem", tls_key="s.key", tls_client_ca="ca.pem", metrics_port=9400)
+  assert server_lib.ready_line(nogpu, "[::]:50051", 50051, tls, insecure=False).endswith(
+      "serving on [::]:50051; no GPU: compile-only (verdicts NO_GPU after compiling); 2 compile workers; "
+      "auth: mTLS; metrics http://0.0.0.0:9400/metrics")
+  assert "auth: NONE (--insecure-public)" in server_lib.ready_line(nogpu, "0.0.0.0:1", 1, config(), insecure=True)
