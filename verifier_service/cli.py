@@ -204,7 +204,8 @@ _LOCAL_ONLY = ("gpus", "slots_per_gpu", "compile_workers", "cache_dir", "compile
 
 def _misplaced(parser: argparse.ArgumentParser, args: argparse.Namespace) -> str:
   """Why the chosen `check` flags do not fit together ("" when they do)."""
-  check = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices["check"]  # pylint: disable=protected-access
+  sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))  # pylint: disable=protected-access
+  check = sub.choices["check"]
   flags = {a.dest: a.option_strings[0] for a in check._actions if a.option_strings}  # pylint: disable=protected-access
   changed = lambda names: [flags[n] for n in names if getattr(args, n) != check.get_default(n)]
   if args.server:

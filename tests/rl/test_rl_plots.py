@@ -20,9 +20,10 @@ def _records(steps: int = 5) -> list[dict]:
 def test_curves_draw_plain_tick_labels_and_list_only_present_series():
   fig, (ratio, entropy, missing) = plt.subplots(1, 3)
   try:
-    plots._curves(ratio, _records(), ["ratio_min", "ratio_mean", "ratio_max", "ratio_absent"], "ratio")  # pylint: disable=protected-access
-    plots._curves(entropy, _records(), ["entropy"], "entropy")  # pylint: disable=protected-access
-    plots._curves(missing, _records(), ["loss"], "loss")  # all NaN: nothing to draw  # pylint: disable=protected-access
+    curves = plots._curves  # pylint: disable=protected-access
+    curves(ratio, _records(), ["ratio_min", "ratio_mean", "ratio_max", "ratio_absent"], "ratio")
+    curves(entropy, _records(), ["entropy"], "entropy")
+    curves(missing, _records(), ["loss"], "loss")  # all NaN: nothing to draw
     fig.canvas.draw()
     assert [t.get_text() for t in ratio.get_legend().get_texts()] == ["ratio_min", "ratio_mean", "ratio_max"]
     assert entropy.get_legend() is not None and missing.get_legend() is None
