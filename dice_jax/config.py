@@ -21,6 +21,11 @@ module:
 Values are converted to the annotated type (YAML reads `1e-6` as a string; a float field takes it),
 and every error is a `ConfigError` that names the dotted key: unknown keys (with a suggestion),
 wrong types, and bad values found by a section's `__post_init__` through `require`.
+
+Short forms: a `dict[str, Section]` field also takes a list of strings when `Section` defines a
+classmethod `from_short(item: str) -> (key, mapping)`; each item becomes one entry (so
+`rewards.custom=[mymod:fn]` means `rewards.custom={fn: {fn: "mymod:fn"}}`). Decision: the hook is
+on the section, so this module stays ignorant of what any section means.
 """
 
 from __future__ import annotations
@@ -153,12 +158,36 @@ def _convert(value: Any, tp: Any, where: str) -> Any:
       raise ConfigError(f"{where}: expected {len(args)} items, got {len(value)}: {value!r}")
     return tuple(_convert(v, a, f"{where}[{i}]") for i, (v, a) in enumerate(zip(value, args)))
   if origin in (dict, Mapping):
+    key_tp, value_tp = args or (str, Any)
+    value = _expand_short_form(value, value_tp, where)
     if not isinstance(value, Mapping):
       raise ConfigError(f"{where}: expected a mapping, got {value!r}")
-    key_tp, value_tp = args or (str, Any)
     return {_convert(k, key_tp, where): _convert(v, value_tp, _join(where, str(k)))
             for k, v in value.items()}
   raise TypeError(f"{where}: unsupported annotation {tp!r} in a config schema")
+
+
+def _expand_short_form(value: Any, value_tp: Any, where: str) -> Any:
+  """A list of strings (or one comma-separated string) -> the mapping it abbreviates, when the
+  dict's value type has a `from_short` classmethod; anything else is returned unchanged."""
+  from_short = getattr(value_tp, "from_short", None)
+  if from_short is None or isinstance(value, Mapping) or value is None:
+    return value
+  if isinstance(value, str):
+    value = [v.strip() for v in value.split(",") if v.strip()]
+  if not isinstance(value, Sequence):
+    return value
+  out: dict[str, Any] = {}
+  for i, item in enumerate(value):
+    if not isinstance(item, str):
+      raise ConfigError(f"{where}[{i}]: the list form takes strings, got {item!r}; use the mapping "
+                        "form for more settings")
+    key, entry = from_short(item)
+    if key in out:
+      raise ConfigError(f"{where}[{i}]: {item!r} gives the name {key!r} twice; use the mapping form "
+                        "to name them apart")
+    out[key] = entry
+  return out
 
 
 def _unknown_key(where: str, key: str, known: Sequence[str]) -> ConfigError:
@@ -240,10 +269,15 @@ def apply_overrides(schema: type, data: Mapping[str, Any], overrides: Sequence[s
       except yaml.YAMLError:
         value = raw
     node = data
-    for part in path[:-1]:
+    for i, part in enumerate(path[:-1]):
       child = node.get(part)
+      if child is not None and not isinstance(child, dict):  # a short form set earlier: expand it
+        part_tp = _field_type(schema, path[:i + 1], key)
+        if typing.get_origin(part_tp) in (dict, Mapping):
+          child = _expand_short_form(child, (typing.get_args(part_tp) or (str, Any))[1], key)
       if not isinstance(child, dict):
-        child = node[part] = {}
+        child = {}
+      node[part] = child
       node = child
     node[path[-1]] = value
   return data

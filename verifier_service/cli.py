@@ -1,14 +1,19 @@
-"""`dice-verifier`: run the gRPC server, or check candidates locally with no server.
+"""`dice-verifier`: run the gRPC server, or check candidates locally or against a running server.
 
   dice-verifier serve --listen 127.0.0.1:50051 [--gpus 0,1] [--slots-per-gpu N] ...
   dice-verifier check REFERENCE.py CANDIDATE.py [CANDIDATE.py ...] [--json]
+  dice-verifier check --server HOST:PORT [--auth-token-file F] [--tls-ca CA.pem] REFERENCE.py CANDIDATE.py
 
 Exit codes of `check` (the worst verdict decides):
   0  every candidate OK
   1  at least one candidate failed (COMPILE_ERROR, INCORRECT, RUNTIME_ERROR, TIMEOUT, REJECTED)
   2  bad command line or unreadable input file
   3  nothing failed, but at least one verdict is NO_GPU (compiled; not run: no GPU here)
-  4  the reference is unusable (BAD_REFERENCE) or the verifier failed (INFRA_ERROR)
+  4  the reference is unusable (BAD_REFERENCE), the verifier failed (INFRA_ERROR), or the
+     --server cannot be reached or refused the credentials
+Exit codes of `serve`: 0 stopped (SIGINT/SIGTERM, or end of stdin with --stop-on-stdin-eof) after
+draining; 2 bad command line, unreadable files, or a --listen/--metrics-port that cannot be bound
+(one line on stderr, nothing started); 130 interrupted during start-up.
 """
 
 from __future__ import annotations
@@ -26,8 +31,9 @@ from dice.verifier.v1 import verifier_pb2 as pb
 
 from verifier_service import config as config_lib
 from verifier_service import logs
+from verifier_service import remote
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_NO_GPU, EXIT_INFRA = 0, 1, 2, 3, 4
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_NO_GPU, EXIT_INFRA, EXIT_INTERRUPTED = 0, 1, 2, 3, 4, 130
 _CANDIDATE_FAILURES = (pb.COMPILE_ERROR, pb.INCORRECT, pb.RUNTIME_ERROR, pb.TIMEOUT, pb.REJECTED)
 
 
@@ -45,7 +51,7 @@ def _positive(text: str) -> int:
   return value
 
 
-def _add_common(parser: argparse.ArgumentParser) -> None:
+def _add_common(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:  # pylint: disable=protected-access
   defaults = config_lib.ServerConfig()
   parser.add_argument("--gpus", type=_gpu_list, default=None,
                       help="GPU indices to use, e.g. 0,1 (default: every GPU nvidia-smi lists)")
@@ -85,10 +91,13 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
   parser.add_argument("--gpu-memory-fraction", type=float, default=0.0,
                       help="CUDA allocator cap per candidate as a fraction of the GPU; default "
                            "0.9 / --slots-per-gpu")
+
+
+def _add_logging(parser: argparse.ArgumentParser) -> None:
   parser.add_argument("--log-level", default="WARNING",
                       help="DEBUG, INFO, WARNING or ERROR (default %(default)s)")
   parser.add_argument("--plain-logs", action="store_true",
-                      help="human-readable log lines instead of JSON lines")
+                      help="human-readable log lines (the same fields as key=value) instead of JSON lines")
 
 
 def _config(args: argparse.Namespace, **extra) -> config_lib.ServerConfig:
@@ -137,15 +146,19 @@ def build_parser() -> argparse.ArgumentParser:
                           "holds the other end of a pipe ties the server's life to its own (the "
                           "loopback verifier of `dice train/eval/generate --verifier local` does)")
   _add_common(serve)
+  _add_logging(serve)
 
-  check = sub.add_parser("check", help="verify candidates locally, no server",
-                         description="One verdict per candidate against one reference.")
+  check = sub.add_parser("check", help="verify candidates locally (no server), or on a running server",
+                         description="One verdict per candidate against one reference: verified here "
+                         "(this machine's GPUs, or compile-only without one), or by a running "
+                         "`dice-verifier serve` with --server.")
   check.add_argument("reference", type=pathlib.Path, help="reference problem (Model, "
                      "get_inputs, get_init_inputs)")
   check.add_argument("candidates", type=pathlib.Path, nargs="+",
                      help="candidate files (ModelNew + load_inline)")
   check.add_argument("--json", action="store_true",
-                     help="print verdicts as JSON (one object, or a list for several)")
+                     help="print verdicts as JSON (one object, or a list for several); each carries "
+                          "the Verdict fields plus 'candidate', the file as given")
   check.add_argument("--precision", choices=("fp32", "fp16", "bf16"), default="fp32",
                      help="floating precision of inputs and modules (default %(default)s)")
   check.add_argument("--trials", type=_positive, default=5,
@@ -158,8 +171,48 @@ def build_parser() -> argparse.ArgumentParser:
   check.add_argument("--rtol", type=float, default=0.0,
                      help="relative tolerance (default: as --atol)")
   check.add_argument("--seed", type=int, default=42, help="base seed (default %(default)s)")
-  _add_common(check)
+  _add_logging(check)
+  on = check.add_argument_group("verifying on a running server")
+  on.add_argument("--server", metavar="HOST:PORT",
+                  help="send the candidates to this `dice-verifier serve` (or any gRPC target, e.g. "
+                       "dns:///verifier.example:50051) instead of verifying here")
+  on.add_argument("--auth-token-file", type=pathlib.Path, default=None,
+                  help="file holding the server's bearer token (its `serve --auth-token-file`)")
+  on.add_argument("--tls", action="store_true",
+                  help="speak TLS, checking the server's certificate against the system's roots")
+  on.add_argument("--tls-ca", type=pathlib.Path, default=None, metavar="PEM",
+                  help="TLS, checking the server's certificate against this CA (implies --tls)")
+  on.add_argument("--tls-cert", type=pathlib.Path, default=None, metavar="PEM",
+                  help="mTLS: our client certificate chain (with --tls-key; implies --tls)")
+  on.add_argument("--tls-key", type=pathlib.Path, default=None, metavar="PEM",
+                  help="mTLS: the private key of --tls-cert")
+  on.add_argument("--tls-server-name", default=None, metavar="NAME",
+                  help="the name expected in the server's certificate (default: the host of --server)")
+  on.add_argument("--connect-timeout", type=float, default=10.0,
+                  help="seconds to reach the server and get its info (default %(default)s)")
+  on.add_argument("--timeout", type=float, default=1800.0,
+                  help="seconds from sending a candidate to its verdict (default %(default)s)")
+  _add_common(check.add_argument_group("verifying here (not with --server)"))
   return parser
+
+
+_REMOTE_ONLY = ("auth_token_file", "tls", "tls_ca", "tls_cert", "tls_key", "tls_server_name")
+_LOCAL_ONLY = ("gpus", "slots_per_gpu", "compile_workers", "cache_dir", "compile_timeout", "run_timeout",
+               "no_pch", "no_light_headers", "cpu_test_mode", "no_sandbox", "sandbox_strict",
+               "sandbox_uid_base", "sandbox_memory", "gpu_memory_fraction")
+
+
+def _misplaced(parser: argparse.ArgumentParser, args: argparse.Namespace) -> str:
+  """Why the chosen `check` flags do not fit together ("" when they do)."""
+  sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))  # pylint: disable=protected-access
+  check = sub.choices["check"]
+  flags = {a.dest: a.option_strings[0] for a in check._actions if a.option_strings}  # pylint: disable=protected-access
+  changed = lambda names: [flags[n] for n in names if getattr(args, n) != check.get_default(n)]
+  if args.server:
+    wrong = changed(_LOCAL_ONLY)
+    return f"{', '.join(wrong)}: options of a local check; with --server the server's own apply" if wrong else ""
+  wrong = changed(_REMOTE_ONLY)
+  return f"{', '.join(wrong)}: only with --server HOST:PORT" if wrong else ""
 
 
 def _read(path: pathlib.Path) -> str:
@@ -187,38 +240,66 @@ def exit_code(verdicts: list[pb.Verdict]) -> int:
   return EXIT_OK
 
 
-async def _check(args: argparse.Namespace) -> list[pb.Verdict]:
+def _precheck(request: pb.VerifyRequest, config: config_lib.ServerConfig) -> pb.Verdict | None:
+  """The verdict of a request no verifier would take (empty or oversized source), worded as the
+  trainer's client words it (dice_jax.rewards.client), so `check` and the client agree."""
+  from verifier_service import server as server_lib  # pylint: disable=import-outside-toplevel
+  error = server_lib.validate(request, config)
+  if not error:
+    return None
+  outcome = pb.BAD_REFERENCE if error.startswith("reference_source") else pb.REJECTED
+  return pb.Verdict(request_id=request.request_id, outcome=outcome, stage=pb.STAGE_PARSE, message=error)
+
+
+async def _verify_all(paths: list[pathlib.Path], requests: list[pb.VerifyRequest], verify,
+                      limits: config_lib.ServerConfig) -> list[pb.Verdict]:
+  """Every request through `verify` (a coroutine function), concurrently, with a progress bar."""
   from rich.console import Console  # pylint: disable=import-outside-toplevel
   from rich.progress import (BarColumn, Progress, SpinnerColumn,  # pylint: disable=import-outside-toplevel
                              TextColumn, TimeElapsedColumn)
-  from verifier_service import scheduler as scheduler_lib  # pylint: disable=import-outside-toplevel
+  with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
+                TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(),
+                console=Console(stderr=True), transient=len(requests) == 1) as progress:
+    bar = progress.add_task("verifying", total=len(requests))
 
+    async def one(path: pathlib.Path, request: pb.VerifyRequest) -> pb.Verdict:
+      verdict = _precheck(request, limits) or await verify(request)
+      progress.advance(bar)
+      progress.update(bar, description=f"{path.name}: {pb.Outcome.Name(verdict.outcome)}")
+      return verdict
+
+    return list(await asyncio.gather(*(one(p, r) for p, r in zip(paths, requests))))
+
+
+def _remote_settings(args: argparse.Namespace) -> remote.RemoteSettings:
+  return remote.RemoteSettings(
+      target=args.server, auth_token_file=args.auth_token_file, tls=args.tls, tls_ca=args.tls_ca,
+      tls_cert=args.tls_cert, tls_key=args.tls_key, tls_server_name=args.tls_server_name,
+      connect_timeout_s=args.connect_timeout, request_timeout_s=args.timeout)
+
+
+async def _check(args: argparse.Namespace) -> list[pb.Verdict]:
   reference = _read(args.reference)
-  candidates = [(path, _read(path)) for path in args.candidates]
-  config = _config(args)
-  scheduler = scheduler_lib.Scheduler.create(config)
+  candidates = [_read(path) for path in args.candidates]
   options = pb.VerifyOptions(
       precision=pb.Precision.Value(args.precision.upper()), num_correctness_trials=args.trials,
       atol=args.atol, rtol=args.rtol, skip_timing=args.skip_timing,
       num_timing_trials=args.timing_trials, seed=args.seed)
-  console = Console(stderr=True)
   run_id = uuid.uuid4().hex[:12]  # a fresh verdict every run, never one stored by an earlier check
+  requests = [pb.VerifyRequest(request_id=f"check:{run_id}:{i}", candidate_source=source,
+                               reference_source=reference, options=options)
+              for i, source in enumerate(candidates)]
+  if args.server:
+    async with remote.RemoteVerifier(_remote_settings(args)) as server:
+      print(remote.describe(args.server, server.info), file=sys.stderr)
+      limits = config_lib.ServerConfig(max_source_bytes=server.info.max_source_bytes or (1 << 20))
+      return await _verify_all(args.candidates, requests, server.verify, limits)
+  from verifier_service import scheduler as scheduler_lib  # pylint: disable=import-outside-toplevel
+  config = _config(args)
+  scheduler = scheduler_lib.Scheduler.create(config)
   await scheduler.start()
   try:
-    with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
-                  TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(),
-                  console=console, transient=len(candidates) == 1) as progress:
-      bar = progress.add_task("verifying", total=len(candidates))
-
-      async def one(index: int, path: pathlib.Path, source: str) -> pb.Verdict:
-        request = pb.VerifyRequest(request_id=f"check:{run_id}:{index}", candidate_source=source,
-                                   reference_source=reference, options=options)
-        verdict = await scheduler.verify(request)
-        progress.advance(bar)
-        progress.update(bar, description=f"{path.name}: {pb.Outcome.Name(verdict.outcome)}")
-        return verdict
-
-      return list(await asyncio.gather(*(one(i, p, s) for i, (p, s) in enumerate(candidates))))
+    return await _verify_all(args.candidates, requests, scheduler.verify, config)
   finally:
     await scheduler.stop()
 
@@ -258,12 +339,24 @@ def main(argv: list[str] | None = None) -> int:
                      tls_key=args.tls_key, tls_client_ca=args.tls_client_ca)
     try:
       asyncio.run(server.serve(config, insecure=args.insecure, stop_on_stdin_eof=args.stop_on_stdin_eof))
-    except ValueError as e:
+    except (ValueError, server.BindError) as e:
       return _usage_error(str(e))
+    except KeyboardInterrupt:  # Ctrl-C during start-up, before the signal handlers are installed
+      return EXIT_INTERRUPTED
     return EXIT_OK
-  verdicts = asyncio.run(_check(args))
+  misplaced = _misplaced(parser, args)
+  if misplaced:
+    return _usage_error(misplaced)
+  try:
+    verdicts = asyncio.run(_check(args))
+  except ValueError as e:  # unreadable credentials, an empty token
+    return _usage_error(str(e))
+  except remote.RemoteError as e:
+    print(f"dice-verifier: {e}", file=sys.stderr)
+    return EXIT_INFRA
   if args.json:
-    dicts = [json_format.MessageToDict(v, preserving_proto_field_name=True) for v in verdicts]
+    dicts = [{"candidate": str(path), **json_format.MessageToDict(v, preserving_proto_field_name=True)}
+             for path, v in zip(args.candidates, verdicts)]
     print(json.dumps(dicts[0] if len(dicts) == 1 else dicts, indent=1))
   else:
     _summary(args.candidates, verdicts)

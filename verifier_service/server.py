@@ -17,15 +17,22 @@ metadata; the health service is exempt so probes work) and/or mutual TLS (the se
 `tls_cert`/`tls_key` and accepts only clients whose certificate `tls_client_ca` signed). Without
 either the server refuses to start on a non-loopback address unless `insecure` is set explicitly
 (`--insecure-public`).
+
+Start-up fails fast and plainly: the address is probed (`check_bindable`) before any worker or
+compile process starts, so a second `serve` on a busy port is one `BindError` line, not a
+traceback after a minute of warm-up. When the server accepts connections, `serve` prints one line
+(`ready_line`): the address, the GPUs and worker slots (or compile-only), the authentication mode.
 """
 
 from __future__ import annotations
 
 import asyncio
+import errno
 import ipaddress
 import logging
 import os
 import pathlib
+import socket
 import sys
 from typing import Any, AsyncIterator
 
@@ -193,10 +200,84 @@ def check_exposure(config: config_lib.ServerConfig, insecure: bool) -> None:
 
 def server_credentials(config: config_lib.ServerConfig) -> grpc.ServerCredentials:
   """mTLS credentials: our certificate chain and key, clients must present a certificate."""
-  read = lambda path: pathlib.Path(path).read_bytes()
-  return grpc.ssl_server_credentials([(read(config.tls_key), read(config.tls_cert))],
-                                     root_certificates=read(config.tls_client_ca),
-                                     require_client_auth=True)
+  def read(path: pathlib.Path, flag: str) -> bytes:
+    try:
+      return pathlib.Path(path).read_bytes()
+    except OSError as e:
+      raise ValueError(f"cannot read {flag} {path}: {e.strerror}") from None
+  return grpc.ssl_server_credentials(
+      [(read(config.tls_key, "--tls-key"), read(config.tls_cert, "--tls-cert"))],
+      root_certificates=read(config.tls_client_ca, "--tls-client-ca"), require_client_auth=True)
+
+
+class BindError(OSError):
+  """The listen address cannot be bound (in use, not an address of this host, unresolvable)."""
+
+
+def _split_listen(listen: str) -> tuple[str, int]:
+  host, sep, port_text = listen.rpartition(":")
+  try:
+    port = int(port_text)
+  except ValueError:
+    port = -1
+  if not sep or not 0 <= port <= 65535:
+    raise BindError(f"cannot bind {listen!r}: expected HOST:PORT, e.g. 127.0.0.1:50051")
+  return host.strip("[]"), port
+
+
+def check_bindable(listen: str, what: str = "--listen") -> None:
+  """Raises BindError when no socket can bind `listen` (HOST:PORT) the way the server will.
+
+  Decision: a probe with our own sockets before anything starts, because gRPC reports a failed
+  bind only as a RuntimeError plus a C-core log line, after the workers have been started. As
+  gRPC does, a host that resolves to several addresses needs only one of them; an address in use
+  is always an error. Port 0 (any free port) is not probed.
+  """
+  host, port = _split_listen(listen)
+  if port == 0:
+    return
+  try:
+    infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+  except socket.gaierror as e:
+    raise BindError(f"cannot bind {what} {listen}: cannot resolve {host!r} ({e.strerror})") from None
+  errors = []
+  for family, kind, proto, _, address in infos:
+    with socket.socket(family, kind, proto) as sock:
+      sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gRPC: TIME_WAIT is no conflict
+      try:
+        sock.bind(address)
+      except OSError as e:
+        if e.errno == errno.EADDRINUSE:
+          raise BindError(f"cannot bind {what} {listen}: address already in use (another server is "
+                          "listening there; stop it or choose another port)") from None
+        errors.append(e)
+  if errors and len(errors) == len(infos):
+    raise BindError(f"cannot bind {what} {listen}: {errors[0].strerror}") from None
+
+
+def ready_line(info: pb.ServerInfo, listen: str, port: int, config: config_lib.ServerConfig,
+               insecure: bool) -> str:
+  """The one line `serve` prints once it accepts connections."""
+  host, _ = _split_listen(listen)
+  address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+  if info.gpus:
+    gpus = ", ".join(f"GPU {g.index} {g.name} ({g.arch}) x{g.slots} slot{'s' * (g.slots != 1)}"
+                     for g in info.gpus)
+  elif config.cpu_test_mode:
+    gpus = f"no GPU: CPU test mode, {info.running or config.slots_per_gpu} CPU worker slot(s)"
+  else:
+    gpus = "no GPU: compile-only (verdicts NO_GPU after compiling)"
+  if config.tls and config.auth_token:
+    auth = "mTLS + bearer token"
+  elif config.tls:
+    auth = "mTLS"
+  elif config.auth_token:
+    auth = "bearer token"
+  else:
+    auth = "none (loopback only)" if _is_loopback(listen) else "NONE (--insecure-public)"
+  extra = f"; metrics http://0.0.0.0:{config.metrics_port}/metrics" if config.metrics_port else ""
+  return (f"dice-verifier: serving on {address}; {gpus}; {info.compile_workers} compile workers; "
+          f"auth: {auth}{extra}")
 
 
 def method_handlers(service: VerifierService) -> dict[str, grpc.RpcMethodHandler]:
@@ -233,12 +314,15 @@ async def start_server(scheduler: scheduler_lib.Scheduler,
   health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
   reflection.enable_server_reflection(
       (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
-  if config.tls:
-    port = server.add_secure_port(config.listen, server_credentials(config))
-  else:
-    port = server.add_insecure_port(config.listen)
+  try:
+    if config.tls:
+      port = server.add_secure_port(config.listen, server_credentials(config))
+    else:
+      port = server.add_insecure_port(config.listen)
+  except RuntimeError:  # gRPC's "Failed to bind to address ..."
+    port = 0
   if port == 0:
-    raise OSError(f"could not bind {config.listen}")
+    raise BindError(f"cannot bind --listen {config.listen} (in use, or not an address of this host)")
   await server.start()
   for name in ("", SERVICE_NAME):
     await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
@@ -275,15 +359,32 @@ async def serve(config: config_lib.ServerConfig, insecure: bool = False,
   closes), then drains for up to 30 s."""
   import signal  # pylint: disable=import-outside-toplevel
   check_exposure(config, insecure)
+  if config.tls:
+    server_credentials(config)  # unreadable certificate files: an error now, not after warm-up
+  check_bindable(config.listen)
+  if config.metrics_port:
+    check_bindable(f"0.0.0.0:{config.metrics_port}", "--metrics-port")
   scheduler = scheduler_lib.Scheduler.create(config)
   await scheduler.start()
-  server, _, health_servicer = await start_server(scheduler, insecure)
-  if config.metrics_port:
-    scheduler.metrics.serve_http(config.metrics_port)
+  server = None
+  try:
+    server, port, health_servicer = await start_server(scheduler, insecure)
+    if config.metrics_port:
+      try:
+        scheduler.metrics.serve_http(config.metrics_port)
+      except OSError as e:
+        raise BindError(f"cannot bind --metrics-port {config.metrics_port}: {e.strerror}") from None
+  except BaseException:
+    if server is not None:
+      await server.stop(None)
+    await scheduler.stop()
+    raise
   stop = asyncio.Event()
   loop = asyncio.get_running_loop()
   for sig in (signal.SIGINT, signal.SIGTERM):
     loop.add_signal_handler(sig, stop.set)
+  info = await loop.run_in_executor(None, scheduler.info)
+  print(ready_line(info, config.listen, port, config, insecure), flush=True)
   if stop_on_stdin_eof:
     _stop_on_eof(loop, sys.stdin.fileno(), stop)
   await stop.wait()

@@ -22,8 +22,13 @@ examples:
       --verifier 10.0.0.5:50051 --out runs/eval/infill
   # 8 samples at temperature 1.0 on a KernelBench tree: adds pass@k
   dice eval --model ckpt/ --problems KernelBench/ --samples 8 --verifier 10.0.0.5:50051
-  # kernels made elsewhere: DIR/<problem id>/<sample index>.py (or .txt raw model outputs)
+  # kernels made elsewhere: one folder per problem (its id), one file per sample (its index)
   dice eval --generations gens/ --problems KernelBench/ --verifier 10.0.0.5:50051
+      gens/19_ReLU/0.py        a candidate file (ModelNew + load_inline), graded as written
+      gens/19_ReLU/1.txt       a raw model output; the code is extracted as in training
+      gens/20_LeakyReLU/0.py
+    The folder is the problem id: a KernelBench file's stem (level1/19_ReLU.py -> 19_ReLU), or a
+    DICE item's id/idx field (bundled:tiny -> tiny_relu, ...).
   # the data's own known-good candidates (checks harness and data)
   dice eval --reference-generations --problems kernel_infilling_evaluation.json --verifier local
   # before / after RL
@@ -31,8 +36,9 @@ examples:
 
 Interrupted? Run the same command again: verdicts are saved as they arrive (OUT/verdicts.jsonl,
 keyed by a hash of reference + candidate + options) and are never requested twice.
---verifier local starts a verifier on loopback for this run (needs the 'verify' extra: torch and
-nvcc); without a GPU its verdicts are compile-only and the report says correctness is unavailable.
+--verifier local (the default, as for `dice generate`) starts a verifier on loopback for this run
+(needs the 'verify' extra: torch and nvcc); without a GPU its verdicts are compile-only and the
+report says correctness is unavailable. Give HOST:PORT to use a running `dice-verifier serve`.
 
 exit codes: 0 done, 2 bad input, 4 verifier unreachable or INFRA_ERROR verdicts left, 130 interrupted.
 """
@@ -53,7 +59,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
   one.add_argument("--model", metavar="DIR", help="checkpoint directory (HF layout) to generate with")
   one.add_argument("--generations", metavar="DIR",
                    help="kernels made elsewhere: DIR/<problem id>/<sample index>.py (candidate files) "
-                        "or .txt (raw model outputs, extracted as in training)")
+                        "or .txt (raw model outputs, extracted as in training), e.g. DIR/19_ReLU/0.py "
+                        "for KernelBench's level1/19_ReLU.py (see the layout below)")
   one.add_argument("--reference-generations", action="store_true",
                    help="evaluate each problem's known-good candidate (DICE cuda_code) as sample 0")
   one.add_argument("--compare", nargs=2, metavar=("RUN_A", "RUN_B"),
@@ -81,8 +88,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
   gen.add_argument("--template-infilling", metavar="YAML", help="phase-1 prompt template (user/system)")
   gen.add_argument("--template-end-to-end", metavar="YAML", help="phase-2 prompt template")
   ver = parser.add_argument_group("verification")
-  ver.add_argument("--verifier", metavar="HOST:PORT|local",
-                   help="verifier target(s), comma-separated, or 'local' (a loopback server for this run)")
+  ver.add_argument("--verifier", metavar="HOST:PORT|local", default="local",
+                   help="verifier target(s), comma-separated, or 'local': a loopback server for this run "
+                        "(default)")
   ver.add_argument("--precision", choices=("fp32", "fp16", "bf16"), default="fp32",
                    help="floating precision problems are run in (default fp32); integer inputs "
                         "keep their dtype")
@@ -115,10 +123,8 @@ def run(args: argparse.Namespace) -> int:
   from dice_jax.eval import command  # pylint: disable=import-outside-toplevel
   if args.compare:
     return command.compare(args)
-  missing = [flag for flag, value in (("--problems", args.problems), ("--verifier", args.verifier))
-             if not value]
-  if missing:
-    return _error(f"{' and '.join(missing)} required (or --compare RUN_A RUN_B)")
+  if not args.problems:
+    return _error("--problems PATH is required (or --compare RUN_A RUN_B)")
   if not (args.model or args.generations or args.reference_generations):
     return _error("say what to evaluate: --model DIR, --generations DIR or --reference-generations")
   if args.samples < 1 or args.batch_size < 1:

@@ -146,6 +146,8 @@ def compare(args: argparse.Namespace) -> int:
     return _error(str(e))
   console = report.stdout_console()
   console.print(compare_lib.console_table(result))
+  for warning in result["warnings"]:
+    console.print(f"[bold]Warning:[/bold] {warning}")
   if args.out:
     compare_lib.write_outputs(args.out, result)
     console.print(f"written: {args.out}/compare.json, compare.md, compare_fast_p.png")

@@ -1,7 +1,9 @@
 """Two evaluation runs side by side (before and after RL): metrics, deltas, and problems that changed.
 
 Runs are compared by their --out directories (summary.json and problems/*.json). Groups (levels)
-present in only one run are shown with n/a on the other side. Per problem, "solved" means at least
+present in only one run are shown with n/a on the other side. Runs with different sample counts
+per problem get a warning (in the result, the console and compare.md): per-sample rates stay
+comparable, "solved" problems do not. Per problem, "solved" means at least
 one correct sample; when either run has no correctness (NO_GPU), "compiled" is compared instead
 and the table says so.
 """
@@ -22,13 +24,35 @@ METRICS = (("compile_rate", "compiled", report.pct), ("correct_rate", "correct",
            ("speedup_geomean", "geomean speedup", report.num))
 
 
-def _problem_flags(run_dir: pathlib.Path, key: str) -> dict[str, bool]:
-  """problem id -> whether any sample has `key` (correct / compiled) true."""
+def _problem_records(run_dir: pathlib.Path) -> dict[str, dict[str, Any]]:
   out = {}
   for path in sorted((run_dir / "problems").glob("*.json")):
     record = json.loads(path.read_text(encoding="utf-8"))
-    out[str(record["id"])] = any(s.get(key) for s in record["samples"])
+    out[str(record["id"])] = record
   return out
+
+
+def _flags(records: Mapping[str, Mapping[str, Any]], key: str) -> dict[str, bool]:
+  """problem id -> whether any sample has `key` (correct / compiled) true."""
+  return {pid: any(s.get(key) for s in record["samples"]) for pid, record in records.items()}
+
+
+def _sample_counts(records: Mapping[str, Mapping[str, Any]]) -> str:
+  """Samples per problem, e.g. "8" or "1-8" (empty when there are no problems)."""
+  counts = sorted({len(r["samples"]) for r in records.values()})
+  if not counts:
+    return ""
+  return str(counts[0]) if len(counts) == 1 else f"{counts[0]}-{counts[-1]}"
+
+
+def _warnings(records_a, records_b) -> list[str]:
+  na, nb = _sample_counts(records_a), _sample_counts(records_b)
+  if na == nb:
+    return []
+  return [f"the runs have different sample counts per problem (A: {na}, B: {nb}): rates are per-sample "
+          "means and stay comparable, but a problem 'solved' by any of several samples is not the same as "
+          "by one, so gained/lost problems and pass@k favour the run with more samples. Compare runs made "
+          "with the same --samples."]
 
 
 def compare(run_a: str, run_b: str) -> dict[str, Any]:
@@ -51,14 +75,15 @@ def compare(run_a: str, run_b: str) -> dict[str, Any]:
     groups[name] = row
   key = ("correct" if sa["overall"]["correctness_available"] and
          sb["overall"]["correctness_available"] else "compiled")
-  fa, fb = (_problem_flags(d, key) for d in dirs)
+  ra, rb = (_problem_records(d) for d in dirs)
+  fa, fb = _flags(ra, key), _flags(rb, key)
   common = sorted(set(fa) & set(fb))
   problems = {"compared_on": key, "common": len(common),
               "gained": [p for p in common if fb[p] and not fa[p]],
               "lost": [p for p in common if fa[p] and not fb[p]],
               "only_in_a": sorted(set(fa) - set(fb)), "only_in_b": sorted(set(fb) - set(fa))}
   return {"a": {"dir": str(dirs[0]), **sa["run"]}, "b": {"dir": str(dirs[1]), **sb["run"]},
-          "groups": groups, "problems": problems,
+          "groups": groups, "problems": problems, "warnings": _warnings(ra, rb),
           "curves": {"A overall": sa["overall"].get("fast_p_curve"),
                      "B overall": sb["overall"].get("fast_p_curve")}}
 
@@ -106,6 +131,7 @@ def markdown(result: Mapping[str, Any]) -> str:
   lines += ["| " + " | ".join(r) + " |" for r in rows(result)]
   p = result["problems"]
   lines += ["", changes_line(result), ""]
+  lines += [f"**Warning.** {w}\n" for w in result.get("warnings", [])]
   for name in ("gained", "lost"):
     if p[name]:
       lines.append(f"- {name}: {', '.join(p[name])}")

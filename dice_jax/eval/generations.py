@@ -58,6 +58,22 @@ def folder_name(problem_id: str) -> str:
   return problem_id
 
 
+ID_NOTE = ("the folder is the problem id: a KernelBench file's stem (level1/19_ReLU.py -> 19_ReLU), or "
+           "a DICE item's id/idx field")
+
+
+def layout_example(root: str | os.PathLike[str], problem_ids: Sequence[str] = ("19_ReLU", "20_LeakyReLU")) -> str:
+  """The layout drawn with real folder names (the first problems' ids), for help and errors."""
+  ids = [folder_name(i) for i in list(problem_ids)[:2]] or ["19_ReLU"]
+  root = str(root).rstrip("/") or "."
+  width = len(f"{root}/{ids[0]}/0.txt") + 2
+  lines = [f"{root}/{ids[0]}/0.py".ljust(width) + "a candidate file (ModelNew + load_inline), graded as written",
+           f"{root}/{ids[0]}/1.txt".ljust(width) + "a raw model output; the code is extracted as in training"]
+  lines += [f"{root}/{pid}/0.py" for pid in ids[1:]]
+  return "\n".join(["expected layout: one folder per problem, one file per sample named by its index, e.g.",
+                    *(f"  {line}" for line in lines), f"({ID_NOTE})"])
+
+
 def resolve_mode(problems: Sequence[Problem], mode: str) -> str:
   """`auto` is infilling when every problem has a phase-1 scaffold, else end-to-end."""
   if mode == "auto":
@@ -102,7 +118,7 @@ def read_problem(root: pathlib.Path, problem_id: str) -> list[Generation]:
     m = _SAMPLE_FILE.match(path.name)
     if m is None or not path.is_file():
       raise GenerationsError(f"{path}: expected files named <sample index>.py (a candidate) or "
-                             "<sample index>.txt (a raw model output), e.g. 0.py")
+                             f"<sample index>.txt (a raw model output), e.g. {folder}/0.py or {folder}/0.txt")
     index = int(m.group(1))
     if index in found:
       raise GenerationsError(f"{folder}: sample {index} exists as both {found[index].name} and "
@@ -116,20 +132,23 @@ def read_generations(root: str | os.PathLike[str], problems: Sequence[Problem], 
   """Every problem's samples. Folders that name no problem are an error (a mismatched --problems);
   problems without samples are an error unless `allow_missing` (then they are left out)."""
   root = pathlib.Path(root)
-  if not root.is_dir():
-    raise GenerationsError(f"{root}: no such directory")
   ids = {folder_name(p.id): p.id for p in problems}
+  example = layout_example(root, list(ids))
+  if not root.is_dir():
+    raise GenerationsError(f"{root}: no such directory\n{example}")
   unknown = sorted(d.name for d in root.iterdir() if d.is_dir() and not d.name.startswith(".")
                    and d.name not in ids)
   if unknown:
     raise GenerationsError(f"{root}: {len(unknown)} folder(s) name no problem of the problem set, "
-                           f"e.g. {unknown[:5]}; is --problems the set these were generated for?")
+                           f"e.g. {unknown[:5]}; is --problems the set these were generated for?\n{example}")
+  loose = sorted(f.name for f in root.iterdir() if f.is_file() and not f.name.startswith("."))
   out = {p.id: read_problem(root, p.id) for p in problems}
   missing = [pid for pid, gens in out.items() if not gens]
   if missing and not allow_missing:
+    hint = f" (files directly in {root}, e.g. {loose[:3]}, belong in a folder per problem)" if loose else ""
     raise GenerationsError(f"{root}: {len(missing)} of {len(problems)} problems have no samples, "
-                           f"e.g. {missing[:5]}; pass --allow-missing to score only the "
-                           f"{len(problems) - len(missing)} that do")
+                           f"e.g. {missing[:5]}{hint}; pass --allow-missing to score only the "
+                           f"{len(problems) - len(missing)} that do\n{example}")
   return {pid: gens for pid, gens in out.items() if gens}
 
 

@@ -4,7 +4,9 @@
 - fast_p.png: fast_p as p varies, per level and overall (KernelBench's curve);
 - levels.png: compile rate, execution accuracy, fast_1 and fast_2 per level.
 Where the verifier could not measure correctness or speed (NO_GPU), the first two say so in the
-figure instead of drawing an empty or zero plot, and the bars show only the compile rate.
+figure instead of drawing an empty or zero plot, and the bars show only the compile rate (the
+legend lists only series that have a bar; the others are marked n/a). Y tick labels are plain
+numbers, never an offset.
 """
 
 from __future__ import annotations
@@ -78,6 +80,7 @@ def fast_p_curves(curves: Mapping[str, Mapping[str, Any] | None], path: pathlib.
   for p in metrics_lib.FAST_P:
     ax.axvline(p, color="grey", linestyle=":", linewidth=1)
   ax.set_xlabel("speedup threshold p")
+  ax.ticklabel_format(axis="y", useOffset=False)
   ax.set_ylabel("fast_p")
   ax.set_ylim(0, 1.02)
   ax.set_title(title)
@@ -92,13 +95,15 @@ def level_bars(summary: Mapping[str, Any], path: pathlib.Path) -> pathlib.Path:
   for j, (key, label) in enumerate(_BARS):
     xs = [i + (j - (len(_BARS) - 1) / 2) * width for i in range(len(groups))]
     values = [m[key] for _, m in groups]
+    present = any(v is not None for v in values)  # a series with no bar gets no legend entry
     ax.bar([x for x, v in zip(xs, values) if v is not None],
-           [v for v in values if v is not None], width, label=label, color=f"C{j}")
+           [v for v in values if v is not None], width, label=label if present else None, color=f"C{j}")
     for x, v in zip(xs, values):
       if v is None:
         ax.text(x, 0.01, "n/a", ha="center", va="bottom", rotation=90, fontsize=8)
   ax.set_xticks(range(len(groups)), [name for name, _ in groups])
   ax.set_ylim(0, 1.05)
+  ax.ticklabel_format(axis="y", useOffset=False)
   ax.set_ylabel("fraction of samples")
   ax.set_title("per level")
   ax.legend(fontsize=8)

@@ -172,7 +172,11 @@ class CurriculumSection:
 
 @dataclasses.dataclass(frozen=True)
 class CustomReward:
-  """A user reward function `fn(prompts, completions, verdicts, **item_columns) -> list[float]`."""
+  """A user reward function `fn(prompts, completions, verdicts, **item_columns) -> list[float]`.
+
+  The module is imported as Python would from the working directory (`dice train` run beside
+  `myrewards.py` finds it without PYTHONPATH; dice_jax.rl.rewarding).
+  """
   fn: str  # "package.module:function"
   weight: float = 1.0
   normalize: Literal["none", "batch", "group"] = "none"
@@ -180,11 +184,23 @@ class CustomReward:
   def __post_init__(self):
     require(":" in self.fn, "fn", f"must be 'module:function', got {self.fn!r}")
 
+  @classmethod
+  def from_short(cls, item: str) -> tuple[str, dict[str, str]]:
+    """The list form `rewards.custom=[mymod:short]`: named after the function, weight 1.0, no
+    normalisation (`rewards.weights.short=0.1` and `rewards.normalize.short=group` change those)."""
+    return item.rpartition(":")[2].strip() or item, {"fn": item}
+
 
 @dataclasses.dataclass(frozen=True)
 class RewardsSection:
   """dice_jax.rewards presets and overrides. `auto`: compile_only when no verifier target has a
-  GPU, else `default`."""
+  GPU, else `default`.
+
+  `custom` adds user reward functions, in either form:
+    rewards.custom=[myrewards:short,myrewards:tidy]        # names `short`, `tidy`; weight 1.0 each
+    rewards.custom={short: {fn: "myrewards:short", weight: 0.1, normalize: group}}
+  `weights` and `normalize` apply to shipped and custom components alike (rewards.weights.short=0.1).
+  """
   preset: Literal["auto", "default", "dice_binary", "compile_only"] = "auto"
   weights: dict[str, float] = dataclasses.field(default_factory=dict)
   normalize: dict[str, str] = dataclasses.field(default_factory=dict)

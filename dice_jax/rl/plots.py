@@ -8,7 +8,8 @@ speedups of correct, timed kernels per step) and writes into `<out_dir>`:
   kl.png           k3 KL to the reference policy, and the clipped-token fraction
   entropy.png      mean token entropy of the policy at the scored positions
   training.png     loss, gradient norm, ratio range, and the time share spent waiting on verdicts
-A curve whose metric never appears is left out; a panel with nothing to show says so.
+A curve whose metric never appears is left out (and has no legend entry); a panel with nothing to
+show says so. Y tick labels are plain numbers, never an offset.
 """
 
 from __future__ import annotations
@@ -55,6 +56,9 @@ def _curves(ax, records, keys: Sequence[str], title: str, labels: Sequence[str] 
   ax.set_title(title)
   ax.set_xlabel("step")
   ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+  # Plain tick labels: a ratio that stays near 1 or an entropy near 5.5 would otherwise be drawn as
+  # offsets ("+1" above the axis, ticks of 1e-6), which read as the wrong numbers.
+  ax.ticklabel_format(axis="y", useOffset=False)
   if drawn:
     ax.legend(fontsize=8)
   else:

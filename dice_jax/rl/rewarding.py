@@ -17,6 +17,8 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import math
+import os
+import sys
 from collections.abc import Sequence
 
 import jax
@@ -36,12 +38,31 @@ def resolve_preset(section: RewardsSection, has_gpu: bool) -> str:
   return "default" if has_gpu else "compile_only"
 
 
+def _import_module(module_name: str):
+  """`module_name` as installed, else from the working directory (as `python -m` would find it).
+
+  Decision: the working directory is tried second and then stays on sys.path (so the module's own
+  sibling imports work): a user's `myrewards.py` is found without PYTHONPATH=., yet cannot shadow
+  an installed package of the same name.
+  """
+  try:
+    return importlib.import_module(module_name)
+  except ModuleNotFoundError as e:
+    top = module_name.split(".")[0]
+    cwd = os.getcwd()
+    if e.name != top or cwd in sys.path:
+      raise
+    sys.path.append(cwd)
+    return importlib.import_module(module_name)
+
+
 def _import(path: str, name: str):
   module_name, _, attr = path.partition(":")
   try:
-    fn = getattr(importlib.import_module(module_name), attr)
+    fn = getattr(_import_module(module_name.strip()), attr.strip())
   except (ImportError, AttributeError) as e:
-    raise ConfigError(f"rewards.custom.{name}.fn: cannot import {path!r}: {e}") from None
+    raise ConfigError(f"rewards.custom.{name}.fn: cannot import {path!r} (from the installed "
+                      f"packages or {os.getcwd()}): {e}") from None
   if not callable(fn):
     raise ConfigError(f"rewards.custom.{name}.fn: {path!r} is not callable")
   return fn

@@ -120,10 +120,19 @@ def test_unreachable_verifier_is_one_clear_error(tmp_path, capsys):
   assert not (tmp_path / "summary.json").exists()
 
 
+def test_help_draws_the_generations_layout():
+  from dice_jax.cli import main  # pylint: disable=import-outside-toplevel
+  sub = next(a for a in main.build_parser()._actions if a.dest == "command")  # pylint: disable=protected-access
+  text = sub.choices["eval"].format_help()
+  assert "gens/19_ReLU/0.py" in text and "gens/19_ReLU/1.txt" in text and "level1/19_ReLU.py -> 19_ReLU" in text
+  assert sub.choices["eval"].get_default("verifier") == sub.choices["generate"].get_default("verifier") == "local"
+
+
 def test_bad_inputs_are_usage_errors(tmp_path, capsys):
   assert run_cli("eval", "--generations", tmp_path / "nope", "--problems", "bundled:tiny",
                  "--verifier", "127.0.0.1:1", "--out", tmp_path / "o") == 2
-  assert "no such directory" in capsys.readouterr().err
+  err = capsys.readouterr().err
+  assert "no such directory" in err and f"{tmp_path}/nope/tiny_relu/0.py " in err  # the layout, drawn
   assert run_cli("eval", "--model", tmp_path, "--problems", tmp_path / "missing.json",
                  "--verifier", "127.0.0.1:1") == 2
   assert "no such file" in capsys.readouterr().err
@@ -175,7 +184,7 @@ def test_sigterm_ends_the_run_with_130_and_stops_its_local_verifier(tmp_path, tm
   gen_lib.write_generation(gens, "tiny_relu", 0, fresh, raw=False)  # uncached: a compile in flight
   env = dict(os.environ, DICE_VERIFIER_CACHE=str(tmp_path_factory.getbasetemp() / "eval-verifier-cache"))
   cmd = [sys.executable, "-c", _RUN_EVAL, str(pathlib.Path(__file__).parent), "--generations", gens,
-         "--problems", "bundled:tiny", "--limit", "1", "--mode", "end-to-end", "--verifier", "local",
+         "--problems", "bundled:tiny", "--limit", "1", "--mode", "end-to-end",  # --verifier local: the default
          "--out", out, "--no-plots"]
   proc = subprocess.Popen([str(c) for c in cmd], stderr=subprocess.PIPE, text=True, env=env)
   port = None

@@ -53,10 +53,22 @@ def test_layout_errors_name_the_problem(tmp_path, tiny):
   (tmp_path / a.id / "0.py").write_bytes(b"\xff\xfe bad")
   with pytest.raises(g.GenerationsError, match="not UTF-8"):
     g.read_generations(tmp_path, tiny, allow_missing=True)
-  with pytest.raises(g.GenerationsError, match="no such directory"):
+  with pytest.raises(g.GenerationsError, match="no such directory") as error:
     g.read_generations(tmp_path / "absent", tiny)
+  # Every layout error draws the layout with this problem set's own folder names.
+  assert f"{tmp_path}/absent/tiny_relu/0.py " in str(error.value)
+  assert f"{tmp_path}/absent/tiny_scaled_add/0.py" in str(error.value) and "19_ReLU" in str(error.value)
   with pytest.raises(g.GenerationsError, match="cannot name a folder"):
     g.folder_name("../etc")
+
+
+def test_loose_files_are_pointed_at_the_folder_layout(tmp_path, tiny):
+  (tmp_path / f"{tiny[0].id}.py").write_text("x")  # the usual first try: one file per problem
+  with pytest.raises(g.GenerationsError) as error:
+    g.read_generations(tmp_path, tiny)
+  text = str(error.value)
+  assert f"files directly in {tmp_path}, e.g. ['{tiny[0].id}.py'], belong in a folder per problem" in text
+  assert f"  {tmp_path}/{tiny[0].id}/0.py " in text and "level1/19_ReLU.py -> 19_ReLU" in text
 
 
 def test_modes_and_candidates(tiny):

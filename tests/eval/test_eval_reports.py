@@ -81,6 +81,27 @@ def test_compile_only_report_says_so_plainly(tmp_path):
   assert all(p.read_bytes()[:8] == PNG for p in paths)
 
 
+def _drawn_figures(monkeypatch) -> list:
+  """Keeps each figure the plots module saves (the real _save still writes it)."""
+  figures, save = [], plots._save  # pylint: disable=protected-access
+  monkeypatch.setattr(plots, "_save", lambda fig, path: (figures.append(fig), save(fig, path))[1])
+  return figures
+
+
+def test_plot_legends_list_only_drawn_series_and_ticks_have_no_offset(tmp_path, monkeypatch):
+  figures = _drawn_figures(monkeypatch)
+  write_run(tmp_path / "nogpu", {("a", 1): [verdict(pb.NO_GPU)], ("b", 1): [verdict(pb.COMPILE_ERROR)]}, "nogpu")
+  bars = figures[-1].axes[0]
+  assert [t.get_text() for t in bars.get_legend().get_texts()] == ["compiled"]  # correct/fast_*: n/a, no colour
+  write_run(tmp_path / "gpu", BEFORE, "gpu")
+  bars = figures[-1].axes[0]
+  assert [t.get_text() for t in bars.get_legend().get_texts()] == ["compiled", "correct", "fast_1", "fast_2"]
+  for fig in figures:
+    fig.canvas.draw()
+    for ax in fig.axes:
+      assert ax.yaxis.get_offset_text().get_text() == "", ax.get_title()
+
+
 def test_compare_shows_deltas_and_changed_problems(tmp_path):
   write_run(tmp_path / "a", BEFORE, "before")
   write_run(tmp_path / "b", AFTER, "after")
@@ -93,5 +114,16 @@ def test_compare_shows_deltas_and_changed_problems(tmp_path):
   md = (tmp_path / "cmp" / "compare.md").read_text()
   assert "| level_1 | fast_1 | 50.0% | 100.0% | +50.0 pt |" in md and "- gained: b" in md
   assert (tmp_path / "cmp" / "compare_fast_p.png").read_bytes()[:8] == PNG
+  assert result["warnings"] == []  # one sample per problem on both sides
   with pytest.raises(ValueError, match="dice eval --out"):
     compare.compare(str(tmp_path / "a"), str(tmp_path / "nowhere"))
+
+
+def test_compare_warns_when_sample_counts_differ(tmp_path):
+  write_run(tmp_path / "a", BEFORE, "one sample")
+  write_run(tmp_path / "b", {key: verdicts * 4 for key, verdicts in AFTER.items()}, "four samples")
+  result = compare.compare(str(tmp_path / "a"), str(tmp_path / "b"))
+  [warning] = result["warnings"]
+  assert "different sample counts per problem (A: 1, B: 4)" in warning and "same --samples" in warning
+  compare.write_outputs(tmp_path / "cmp", result)
+  assert "**Warning.** the runs have different sample counts" in (tmp_path / "cmp" / "compare.md").read_text()

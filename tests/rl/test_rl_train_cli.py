@@ -33,7 +33,7 @@ TIMEOUT_S = 420
 # two sampler calls of 4 rows per step.
 TEST_OVERRIDES = ["train.steps=4", "checkpoint.every_steps=2", "curriculum.phase1_steps=2",
                   "rollout.gen_length=16", "rollout.batch_size=4", "data.max_prompt_length=640",
-                  "rewards.custom.letters.fn=rl_test_rewards:letter_fraction", "rewards.custom.letters.weight=1.0"]
+                  "rewards.custom=[rl_test_rewards:letter_fraction]"]  # the README's short form
 NOT_REPRODUCIBLE = ("timing/", "wait_frac", "time")
 
 
@@ -48,21 +48,22 @@ def workdir(tmp_path_factory) -> pathlib.Path:
 def _env(workdir: pathlib.Path) -> dict[str, str]:
   env = os.environ.copy()
   env.pop("XLA_FLAGS", None)  # one CPU device, as on a laptop
-  env["PYTHONPATH"] = os.pathsep.join([str(HERE), env.get("PYTHONPATH", "")])
   env["JAX_COMPILATION_CACHE_DIR"] = str(workdir / "jax_cache")
   env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
   return env
 
 
 def _command(workdir: pathlib.Path, run_dir: pathlib.Path, *extra: str) -> list[str]:
-  return [sys.executable, "-m", "dice_jax.rl", f"run_dir={run_dir}", *TEST_OVERRIDES,
+  # -P: the working directory is not put on sys.path, as for the `dice` console script; the runs
+  # start in HERE, so the user module rl_test_rewards.py is found as a user's would be (no PYTHONPATH).
+  return [sys.executable, "-P", "-m", "dice_jax.rl", f"run_dir={run_dir}", *TEST_OVERRIDES,
           f"data.infilling_template={workdir / 'infill.yaml'}", f"data.end_to_end_template={workdir / 'e2e.yaml'}",
           *extra]
 
 
 def _train(workdir: pathlib.Path, run_dir: pathlib.Path) -> subprocess.CompletedProcess:
   done = subprocess.run(_command(workdir, run_dir), env=_env(workdir), capture_output=True, text=True,
-                        timeout=TIMEOUT_S)
+                        timeout=TIMEOUT_S, cwd=HERE)
   assert done.returncode == 0, done.stderr[-4000:]
   return done
 
@@ -87,12 +88,12 @@ def test_tiny_run_end_to_end_with_a_real_verifier_and_a_custom_reward(first_run)
   # The verifier started on loopback has no GPU: the auto preset is compile-only (format + compile),
   # and the user's component is composed in with its weight, each logged on its own.
   assert "no GPU (compile-only)" in done.stderr and (run_dir / "verifier.log").is_file()
-  assert "reward components: formatx0.2, compilex1, lettersx1" in done.stderr
+  assert "reward components: formatx0.2, compilex1, letter_fractionx1" in done.stderr
   for r in records:
-    assert {"reward/format", "reward/compile", "reward/letters", "loss", "kl", "entropy", "clip_frac",
+    assert {"reward/format", "reward/compile", "reward/letter_fraction", "loss", "kl", "entropy", "clip_frac",
             "grad_norm", "ratio_mean", "wait_frac", "adv/zero_var_groups"} <= set(r)
-    assert 0 < r["reward/letters"] < 1 and r["reward/compile"] == 0.0
-    assert r["reward/total"] == pytest.approx(r["reward/letters"], abs=1e-6)  # format/compile earn 0
+    assert 0 < r["reward/letter_fraction"] < 1 and r["reward/compile"] == 0.0
+    assert r["reward/total"] == pytest.approx(r["reward/letter_fraction"], abs=1e-6)  # format/compile earn 0
     assert r["grad_norm"] > 0 and r["adv/zero_var_groups"] == 0
   assert records[0]["kl"] > 0  # the second minibatch of a step is off-policy
   assert records[0]["ratio_mean"] != 1.0
@@ -116,7 +117,7 @@ def test_sigkill_and_resume_continue_identically(workdir, first_run):
   first_dir, _ = first_run
   run_dir = workdir / "b"
   proc = subprocess.Popen(_command(workdir, run_dir), env=_env(workdir), stdout=subprocess.DEVNULL,
-                          stderr=open(workdir / "b_killed.log", "w"))
+                          stderr=open(workdir / "b_killed.log", "w"), cwd=HERE)
   try:
     deadline = time.monotonic() + TIMEOUT_S
     while not (run_dir / "checkpoints" / "2").is_dir():
@@ -199,3 +200,31 @@ def test_tiny_yaml_is_the_built_in_default_and_recipes_load(tmp_path):
     assert (d["optimizer"]["lr"], d["algo"]["clip_eps"], d["algo"]["kl_beta"]) == (1e-6, 0.2, 0.01)
     assert d["rewards"]["preset"] == "dice_binary" and d["curriculum"]["phase1_steps"] == 20
     assert d["train"]["steps"] == 120 and d["rollout"]["threshold"] == 0.9
+
+
+def test_custom_reward_forms_and_import_from_the_working_directory(tmp_path, monkeypatch):
+  from dice_jax.config import ConfigError
+  from dice_jax.rl import rewarding
+
+  (tmp_path / "first_hour_rewards.py").write_text(
+      "def short(prompts, completions, verdicts, **columns):\n"
+      "  return [-float(len(c)) for c in completions]\n")
+  monkeypatch.chdir(tmp_path)  # as `dice train` run beside the file: the folder is not on sys.path
+  monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", ".", str(tmp_path))])
+  monkeypatch.delitem(sys.modules, "first_hour_rewards", raising=False)
+  entry = {"fn": "first_hour_rewards:short", "weight": 1.0, "normalize": "none"}
+  for overrides in (["rewards.custom=[first_hour_rewards:short]"], ["rewards.custom=first_hour_rewards:short"],
+                    ["rewards.custom={short: {fn: 'first_hour_rewards:short'}}"]):
+    assert to_dict(train_cli.load(None, overrides).rewards)["custom"] == {"short": entry}, overrides
+  # Weights and normalisation of a short-form component, two ways; a later override keeps the list's entries.
+  for extra in ("rewards.weights.short=0.1", "rewards.custom.short.weight=0.1"):
+    cfg = train_cli.load(None, ["rewards.custom=[first_hour_rewards:short]", extra, "rewards.normalize.short=group"])
+    [component] = rewarding.custom_components(cfg.rewards)
+    assert (component.name, component.weight, component.normalize) == ("short", 0.1, "group"), extra
+    assert component.fn([], ["ab", "c"], []) == [-2.0, -1.0]
+  with pytest.raises(ConfigError, match=r"rewards.custom\[1\]: .* gives the name 'short' twice"):
+    train_cli.load(None, ["rewards.custom=[first_hour_rewards:short,other:short]"])
+  with pytest.raises(ConfigError, match=r"rewards.custom.nocolon.fn: must be 'module:function'"):
+    train_cli.load(None, ["rewards.custom=[nocolon]"])
+  with pytest.raises(ConfigError, match="cannot import 'absent_module_xyz:fn' .*No module named"):
+    rewarding.custom_components(train_cli.load(None, ["rewards.custom=[absent_module_xyz:fn]"]).rewards)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import sys
 
 import grpc
 import pytest
@@ -15,6 +16,7 @@ from dice.verifier.v1 import verifier_pb2_grpc
 from verifier_service import server as server_lib
 
 import verifier_harness
+import verifier_kernels
 
 pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs openssl")
 
@@ -91,3 +93,32 @@ def test_public_listen_needs_authentication(tmp_path, overrides, insecure, refus
       server_lib.check_exposure(config, insecure)
   else:
     server_lib.check_exposure(config, insecure)
+
+
+def test_check_server_speaks_mutual_tls(certs, cache_dir, toolchain, tmp_path):
+  """`dice-verifier check --server` with --tls-ca/--tls-cert/--tls-key against a real mTLS server."""
+  config = verifier_harness.make_config(cache_dir, tls_cert=certs / "server.pem", tls_key=certs / "server.key",
+                                        tls_client_ca=certs / "ca.pem")
+  srv = verifier_harness.ServerThread(config, toolchain)
+  candidate = tmp_path / "nomodel.py"
+  candidate.write_text("import torch\n")
+  reference = tmp_path / "ref.py"
+  reference.write_text(verifier_kernels.REFERENCE)
+
+  def check(*flags: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "verifier_service.cli", "check", "--server", srv.target,
+                           "--connect-timeout", "5", *flags, str(reference), str(candidate)],
+                          capture_output=True, text=True, timeout=120, check=False)
+  try:
+    done = check("--tls-ca", str(certs / "ca.pem"), "--tls-cert", str(certs / "client.pem"),
+                 "--tls-key", str(certs / "client.key"))
+    assert done.returncode == 1, done.stderr[-3000:]  # REJECTED: the verdict came from the server
+    assert "does not define ModelNew" in done.stdout
+    for flags in ((), ("--tls-ca", str(certs / "ca.pem")),  # plaintext; TLS without a client certificate
+                  ("--tls-ca", str(certs / "ca.pem"), "--tls-cert", str(certs / "intruder.pem"),
+                   "--tls-key", str(certs / "intruder.key"))):
+      refused = check(*flags)
+      assert refused.returncode == 4, (flags, refused.stderr[-3000:])
+      assert f"cannot reach the verifier at {srv.target}" in refused.stderr, flags
+  finally:
+    srv.stop()
