@@ -65,6 +65,8 @@ def choose_implementation(requested: str, dtype: jnp.dtype, head_dim: int, mask_
     problems = flash_attention.unsupported_settings(dtype, head_dim, strict=requested == "pallas")
     if backend != "gpu" and requested == "auto":
       problems.append(f"backend is {backend}")
+    elif backend == "gpu" and not problems and flash_attention.self_check():
+      problems.append(flash_attention.self_check())
     if not problems:
       if backend != "gpu":
         _log_once(logging.WARNING, f"attention_impl='pallas' on {backend}: the block-sparse kernel runs in Pallas's "

@@ -90,6 +90,39 @@ def unsupported(q_shape, k_shape, dtype, mask: masks.AttentionMask) -> list[str]
   return problems
 
 
+@functools.cache
+def self_check() -> str:
+  """'' if the kernel compiles and matches XLA attention (forward and backward, bf16, GQA, a two-copy
+  mask) on this backend, else why not. Run once per process, outside any trace, before "auto"
+  relies on it: a Triton or jax version that cannot lower it then costs a logged fallback, not a
+  failed training step."""
+  rng = np.random.default_rng(0)
+  operands = [rng.normal(size=s).astype(np.float32) for s in ((1, 256, 4, 128), (1, 256, 2, 128), (1, 256, 2, 128),
+                                                               (1, 256, 4, 128))]
+  mask = masks.two_copy(4)
+
+  def errors(*operands_f32):  # max |kernel - XLA| of the output and of dq, dk, dv
+    q, k, v, g = (x.astype(jnp.bfloat16) for x in operands_f32)
+    dense = masks.dense(mask, 256, 256)[:, None]
+
+    def run(fn):
+      out, vjp = jax.vjp(fn, q, k, v)
+      return (out, *vjp(g))
+
+    got = run(lambda q, k, v: flash_attention(q, k, v, mask, per_shard=False))
+    want = run(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, mask=dense, implementation="xla"))
+    return jnp.stack([jnp.max(jnp.abs(a.astype(jnp.float32) - b.astype(jnp.float32))) for a, b in zip(got, want)])
+
+  try:  # lowered and compiled explicitly, so it runs even when called while tracing something else
+    err = np.asarray(jax.jit(errors).lower(*operands).compile()(*operands))
+    for what, e in zip(("output", "dq", "dk", "dv"), err):
+      if not e < 5e-2:
+        return f"self-check: {what} differs from XLA attention by {e}"
+    return ""
+  except Exception as e:  # noqa: BLE001  (any failure to lower, compile or run is the answer)
+    return f"self-check failed: {type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
+
+
 def _pack(lists: TileLists) -> jnp.ndarray:
   """[rows, 2 + cols] int32: full count, total count, then the column tiles (width a power of two)."""
   rows, width = lists.cols.shape
@@ -291,10 +324,13 @@ _attention.defvjp(_attention_fwd, _attention_bwd)
 
 
 def flash_attention(q_BxQxHxK: jax.Array, k_BxQxGxK: jax.Array, v_BxQxGxK: jax.Array, mask: masks.AttentionMask, *,
-                    tuning: Tuning = DEFAULT_TUNING, interpret: bool | None = None) -> jax.Array:
+                    tuning: Tuning = DEFAULT_TUNING, interpret: bool | None = None,
+                    per_shard: bool = True) -> jax.Array:
   """Softmax(q k^T / sqrt(K) + mask) v for a block_causal / two_copy / multi_copy mask (see module doc).
 
   interpret: run Pallas's interpreter (default: whenever the backend is not a GPU).
+  per_shard: under a mesh of several devices, run the kernel per shard (shard_map); False ignores
+    the mesh (for operands that are not sharded over it).
   """
   problems = unsupported(q_BxQxHxK.shape, k_BxQxGxK.shape, q_BxQxHxK.dtype, mask)
   if problems:
@@ -312,7 +348,7 @@ def flash_attention(q_BxQxHxK: jax.Array, k_BxQxGxK: jax.Array, v_BxQxGxK: jax.A
   k, v = k.astype(q.dtype), v.astype(q.dtype)
   run = lambda q, k, v, lo, hi: _attention(q, k, v, lo, hi, st)  # noqa: E731
   mesh = jax.sharding.get_abstract_mesh()
-  if not mesh.empty and mesh.size > 1:  # a custom kernel is not partitioned by XLA: run it per shard
+  if per_shard and not mesh.empty and mesh.size > 1:  # XLA does not partition a custom kernel: run per shard
     spec = sharding.logical_to_spec(_ACT_HEADS, q.shape, mesh)
     kv_spec = sharding.logical_to_spec(_ACT_HEADS, k.shape, mesh)
     if spec[1] is not None:

@@ -15,7 +15,7 @@ from dice_jax.model import masks
 from dice_jax.model.attention import attend, choose_implementation
 from dice_jax.model.block_layout import BlockLayout
 from dice_jax.model.config import ModelConfig
-from dice_jax.model.flash_attention import Tuning, flash_attention
+from dice_jax.model.flash_attention import Tuning, flash_attention, self_check
 from dice_jax.model.transformer import init_model
 
 SMALL = Tuning(fwd_q=16, fwd_k=16, bwd_q=16, bwd_k=32)  # tiles small enough that these lengths span many
@@ -102,6 +102,11 @@ def test_bad_operands_are_refused():
     flash_attention(q[:, :16], k, v, masks.block_causal(4))
   with pytest.raises(ValueError, match="attention_impl='pallas' is impossible"):
     choose_implementation("pallas", jnp.bfloat16, 12, "two_copy")
+
+
+def test_self_check_runs_even_while_tracing():
+  # What "auto" asks on a GPU before relying on the kernel; here it runs in the interpreter.
+  assert jax.jit(lambda x: x + len(self_check()))(1.0) == 1.0
 
 
 def test_implementation_choice_off_gpu():
