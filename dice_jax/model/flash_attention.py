@@ -188,9 +188,13 @@ def _fwd_kernel(lists_ref, grp_ref, blk_ref, slot_ref, lo_ref, hi_ref, q_ref, k_
 
   init = (jnp.zeros(q.shape, jnp.float32), jnp.full((tq,), _NEG, jnp.float32), jnp.zeros((tq,), jnp.float32))
   acc, m, l = _visit(lists_ref, st, body, init)
-  l = jnp.where(l == 0.0, 1.0, l)
+  # A row that saw no key (padding appended to the sequence, masked in every tile it met here) gets
+  # output 0 and lse = +big, so exp2(s - lse) = 0 wherever the backward pass's tiling (which may
+  # call a tile of it "full") meets it: never inf times a zero cotangent.
+  empty = l == 0.0
+  l = jnp.where(empty, 1.0, l)
   plgpu.store(o_ref, (acc / l[:, None]).astype(o_ref.dtype))
-  plgpu.store(lse_ref, m + jnp.log2(l))
+  plgpu.store(lse_ref, jnp.where(empty, -_NEG, m + jnp.log2(l)))
 
 
 def _dq_kernel(lists_ref, grp_ref, blk_ref, slot_ref, lo_ref, hi_ref, q_ref, k_ref, v_ref, do_ref, lse_ref,
@@ -221,12 +225,13 @@ def _dkdv_kernel(lists_ref, grp_ref, blk_ref, slot_ref, lo_ref, hi_ref, q_ref, k
   lo, hi = lo_ref[b], hi_ref[b]
   k, v = plgpu.load(k_ref), plgpu.load(v_ref)
   carry = (jnp.zeros(k.shape, jnp.float32), jnp.zeros(v.shape, jnp.float32))
-  for r in range(group):  # this kv head's query heads
+  head_dim, padded = k.shape[-1], st.padded
+  for r in range(group):  # this kv head's query heads: q/do as [P, R * K], lse/delta as [R * P]
     def body(i, carry, masked, r=r):
       dk, dv = carry
-      rows, head = pl.ds(i * tq, tq), jnp.int32(r)
-      q, do = plgpu.load(q_ref.at[rows, head, :]), plgpu.load(do_ref.at[rows, head, :])
-      lse, delta = plgpu.load(lse_ref.at[head, rows]), plgpu.load(delta_ref.at[head, rows])
+      rows, cols, stats = pl.ds(i * tq, tq), pl.ds(r * head_dim, head_dim), pl.ds(r * padded + i * tq, tq)
+      q, do = plgpu.load(q_ref.at[rows, cols]), plgpu.load(do_ref.at[rows, cols])
+      lse, delta = plgpu.load(lse_ref.at[stats]), plgpu.load(delta_ref.at[stats])
       p = jnp.exp2(plgpu.dot(q, k.T) * (scale * _LOG2E) - lse[:, None])
       if masked:
         p = jnp.where(_rule(st, (grp_ref, blk_ref, slot_ref), i * tq, tq, k_start, tk, lo, hi), p, 0.0)
@@ -290,8 +295,11 @@ def _backward(q, k, v, lo_B, hi_B, out, lse, do, st: _Static):
       out_specs=tile_q, out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
       compiler_params=_params(t.bwd_warps, t.bwd_stages), interpret=st.interpret, name="block_sparse_attention_dq",
   )(rows_q, *common, q, k, v, do, lse, delta)
-  group_q = pl.BlockSpec((None, length, group, head_dim), lambda j, b, g: (b, 0, g, 0))
-  group_stat = pl.BlockSpec((None, group, length), lambda j, b, g: (b, g, 0))
+  # A kv head's R query heads side by side (free reshapes: head h = g * R + r).
+  q_g, do_g = (x.reshape(batch, length, kv_heads, group * head_dim) for x in (q, do))
+  lse_g, delta_g = (x.reshape(batch, kv_heads, group * length) for x in (lse, delta))
+  group_q = pl.BlockSpec((None, length, None, group * head_dim), lambda j, b, g: (b, 0, g, 0))
+  group_stat = pl.BlockSpec((None, None, group * length), lambda j, b, g: (b, g, 0))
   tile_kv = pl.BlockSpec((None, t.bwd_k, None, head_dim), lambda j, b, g: (b, j, g, 0))
   dk, dv = pl.pallas_call(
       functools.partial(_dkdv_kernel, st=st, scale=scale, group=group),
@@ -300,7 +308,7 @@ def _backward(q, k, v, lo_B, hi_B, out, lse, do, st: _Static):
                 tile_kv, group_q, group_stat, group_stat],
       out_specs=[tile_kv, tile_kv], out_shape=[jax.ShapeDtypeStruct(k.shape, k.dtype)] * 2,
       compiler_params=_params(t.bwd_warps, t.bwd_stages), interpret=st.interpret, name="block_sparse_attention_dkdv",
-  )(rows_k, *common, q, k, v, do, lse, delta)
+  )(rows_k, *common, q_g, k, v, do_g, lse_g, delta_g)
   return dq, dk, dv
 
 
