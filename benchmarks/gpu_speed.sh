@@ -17,8 +17,8 @@ OUT=${OUT:-/tmp/gpu_speed}
 mkdir -p "$OUT"
 CONFIG=${1:-.carry/sdar-4b-config.json}
 TESTS_S=${TESTS_S:-100}
-MFU_S=${MFU_S:-150}
-SAMPLER_S=${SAMPLER_S:-130}
+MFU_S=${MFU_S:-190}
+SAMPLER_S=${SAMPLER_S:-170}
 export PYTHONPATH=.
 TINY=()
 if [ "${SMOKE:-0}" = 1 ]; then TINY=(--tiny); fi
