@@ -271,7 +271,7 @@ def main() -> None:
     print(f"gen: compile {results['gen_compile_s']:.0f} s; {args.batch} x {args.gen} tokens in {elapsed:.2f} s "
           f"= {results['tokens_per_s']:,.0f} tokens/s ({implementation} decode attention)", flush=True)
     rows.append(("generated tokens/s (batch %d, prompt %d, gen %d)" % (args.batch, args.prompt, args.gen),
-                 f"{results['tokens_per_s']:,.0f}  (target >= 7,400)"))
+                 f"{results['tokens_per_s']:,.0f}  (target >= 10,000)"))
 
     p_prefill = compile_and_time_prefill(graphdef, state, p, lengths, config)
     per_pass = (elapsed - p_prefill) / work.passes
@@ -287,7 +287,7 @@ def main() -> None:
         ("time per forward pass (mean over the rollout)", f"{per_pass * 1e3:.2f} ms"),
         ("  bytes per pass: weights + valid KV", f"{work.weight_bytes / 1e9:.1f} + {work.kv_bytes / 1e9:.1f} GB"),
         ("  HBM roofline @4.8 TB/s datasheet", f"{roof['hbm_datasheet'] * 1e3:.2f} ms = "
-         f"{roof['hbm_datasheet'] / per_pass:.0%} achieved  (target >= 60%)"),
+         f"{roof['hbm_datasheet'] / per_pass:.0%} achieved  (target >= 50%)"),
         (f"  HBM roofline @{bandwidth / 1e12:.2f} TB/s measured copy", f"{roof['hbm_measured'] * 1e3:.2f} ms = "
          f"{roof['hbm_measured'] / per_pass:.0%} achieved"),
         ("  FLOPs per pass", f"{work.flops / 1e12:.2f} TFLOP"),

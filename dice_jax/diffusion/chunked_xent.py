@@ -27,8 +27,12 @@ import jax.numpy as jnp
 
 from dice_jax import sharding
 
-# Tokens (batch x chunk length) whose float32 logits exist at once: 4096 x 151,936 x 4 B = 2.5 GB.
-DEFAULT_CHUNK_TOKENS = 4096
+# Tokens (batch x chunk length) whose float32 logits exist at once: 2048 x 151,936 x 4 B = 1.2 GB.
+# Decision: 2048, not 4096: a chunk is still a large matmul (2048 x hidden x 151,936), and finer
+# chunks skip more of the prompt (B=4, L=2048, prompt L/4: the first chunk of 512 positions is all
+# prompt and skips the head, a quarter of the head's FLOPs), for one more read-modify-write of the
+# float32 head gradient (1.2 GB) per chunk.
+DEFAULT_CHUNK_TOKENS = 2048
 _HEAD_AXES = ("embed", "vocab")  # the lm_head's logical axes: its gradient accumulates sharded like it
 
 

@@ -8,23 +8,27 @@
 already rotated) concatenated in front of this call's keys, and returns this call's (k, v) so a
 sampler can append them to its cache. The mask then spans [prefix | new] keys (an explicit mask).
 
-Kernels (`attend`), per mask kind:
+Kernels (`attend`), per mask kind and `implementation`:
 - bidirectional: cuDNN flash with no mask (or cuDNN's native padding mask for kv_lengths).
 - causal: cuDNN flash with its native (padding-)causal mask (skips the upper triangle).
-- block_causal: cuDNN flash with the mask given as a dense [1,1,L,L] bias: fused and O(L) memory,
-  but no block skipping and an extra bias read (cuDNN has no block-causal mask type).
-- two_copy: two cuDNN calls: clean queries over clean keys (block-causal, L/2 x L/2) and noisy
-  queries over [noisy | clean] keys (L/2 x L), i.e. 3/4 of the dense 2-copy attention cost.
+- block_causal, two_copy, multi_copy, implementation "pallas" (what "auto" picks on a GPU in
+  bf16/f16): block-sparse flash attention (dice_jax.model.flash_attention), the mask given by block
+  indices: only tiles holding an allowed pair are computed, no L x L array exists forward or
+  backward. Two-copy: ~n^2 query-key pairs of the 2n x 2n square instead of 3n^2.
+- block_causal, implementation "cudnn": cuDNN flash with the mask as a dense [1,1,L,L] bias (fused,
+  but no block skipping and an extra bias read: cuDNN has no block-causal mask type).
+- two_copy, "cudnn": two cuDNN calls: clean queries over clean keys (block-causal bias, n x n) and
+  noisy queries over [noisy | clean] keys (bias n x 2n), i.e. 3/4 of the dense 2-copy cost.
 - explicit: cuDNN flash with the boolean mask as a [B,1,Q,K] bias.
-- multi_copy ([clean L | C copies of n]): clean queries over clean keys (block-causal, L x L), then
-  all copies at once with the copies folded into the batch: each copy's n queries over [clean |
-  own copy] keys (n x (L + n)); clean keys/values are repeated per copy. Scores per head:
-  L^2 + C n (L + n) instead of the dense (L + C n)^2 (L = 6k, n = 4k, C = 4: 2.0e8 vs 4.8e8),
-  and the masks are [B,1,L,L] and [B,1,n,L+n], never [B,Q,K].
-On CPU and TPU every kind takes XLA's dot_product_attention (scores materialised; fine for tests
-and small shapes; no Pallas splash kernel yet). On GPU, XLA attention measured ~2x slower than
-cuDNN (../shared/device/README.md), so `attention_impl="auto"` never takes it silently: it logs a
-warning saying why (e.g. float32 compute), and `attention_impl="cudnn"` raises instead.
+- multi_copy ([clean L | C copies of n]), "cudnn": clean queries over clean keys (block-causal,
+  L x L), then all copies at once with the copies folded into the batch: each copy's n queries over
+  [clean | own copy] keys (n x (L + n)); clean keys/values are repeated per copy. Scores per head:
+  L^2 + C n (L + n) instead of the dense (L + C n)^2, masks [B,1,L,L] and [B,1,n,L+n].
+On CPU and TPU "auto" takes XLA's dot_product_attention for every kind (scores materialised; fine
+for tests and small shapes; no Pallas splash kernel yet); "pallas" there runs the block-sparse
+kernel in Pallas's interpreter (slow: for tests). On GPU, XLA attention measured ~2x slower than
+cuDNN (../shared/device/README.md), so "auto" never takes it silently: it logs a warning saying
+why (e.g. float32 compute); "cudnn" and "pallas" raise instead when they cannot run.
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
-from dice_jax.model import masks
+from dice_jax.model import flash_attention, masks
 from dice_jax.model.config import ModelConfig
 from dice_jax.model.layers import DENSE_INIT, RMSNorm, apply_rope, make_param, rope_tables
 from dice_jax.sharding import constrain
@@ -50,13 +54,29 @@ def _log_once(level: int, message: str) -> None:
   logging.log(level, message)
 
 
-def choose_implementation(requested: str, dtype: jnp.dtype, head_dim: int) -> str:
-  """'cudnn' or 'xla' for this backend/dtype; never a silent downgrade on GPU."""
+def choose_implementation(requested: str, dtype: jnp.dtype, head_dim: int, mask_kind: str | None = None) -> str:
+  """'pallas', 'cudnn' or 'xla' for this backend/dtype/mask kind; never a silent downgrade on GPU."""
   backend = jax.default_backend()
   if requested == "xla":
     if backend == "gpu":
       _log_once(logging.WARNING, "attention_impl='xla' on GPU: scores are materialised, ~2x slower than cuDNN")
     return "xla"
+  if mask_kind in flash_attention.BLOCK_KINDS and requested in ("auto", "pallas"):
+    problems = flash_attention.unsupported_settings(dtype, head_dim, strict=requested == "pallas")
+    if backend != "gpu" and requested == "auto":
+      problems.append(f"backend is {backend}")
+    elif backend == "gpu" and not problems and flash_attention.self_check():
+      problems.append(flash_attention.self_check())
+    if not problems:
+      if backend != "gpu":
+        _log_once(logging.WARNING, f"attention_impl='pallas' on {backend}: the block-sparse kernel runs in Pallas's "
+                  "interpreter (slow; meant for tests)")
+      return "pallas"
+    if requested == "pallas":
+      raise ValueError(f"attention_impl='pallas' is impossible here: {'; '.join(problems)}")
+    if backend == "gpu":
+      _log_once(logging.WARNING, f"block-sparse attention unavailable for {mask_kind} ({'; '.join(problems)}): "
+                "using cuDNN with a dense bias")
   problems = []
   if backend != "gpu":
     problems.append(f"backend is {backend}")
@@ -77,10 +97,14 @@ def choose_implementation(requested: str, dtype: jnp.dtype, head_dim: int) -> st
 def attend(q_BxQxHxK: jax.Array, k_BxSxGxK: jax.Array, v_BxSxGxK: jax.Array, mask: masks.AttentionMask,
            implementation: str) -> jax.Array:
   """Softmax(q k^T / sqrt(K) + mask) v for grouped-query heads (H a multiple of G)."""
-  dpa = functools.partial(jax.nn.dot_product_attention, implementation=implementation)
   q_len, k_len = q_BxQxHxK.shape[1], k_BxSxGxK.shape[1]
-  lengths = None if mask.kv_lengths_B is None else mask.kv_lengths_B.astype(jnp.int32)
   _log_once(logging.INFO, f"attention mask={mask.kind} -> {implementation}")
+  if implementation == "pallas":
+    if mask.kind in flash_attention.BLOCK_KINDS:
+      return flash_attention.flash_attention(q_BxQxHxK, k_BxSxGxK, v_BxSxGxK, mask)
+    implementation = "cudnn" if jax.default_backend() == "gpu" else "xla"  # kinds cuDNN masks natively
+  dpa = functools.partial(jax.nn.dot_product_attention, implementation=implementation)
+  lengths = None if mask.kv_lengths_B is None else mask.kv_lengths_B.astype(jnp.int32)
   if mask.kind == "bidirectional":
     return dpa(q_BxQxHxK, k_BxSxGxK, v_BxSxGxK, key_value_seq_lengths=lengths)
   if mask.kind == "causal":
@@ -172,6 +196,6 @@ class Attention(nnx.Module):
     if kv_prefix is not None:
       k_all = jnp.concatenate([kv_prefix[0].astype(k.dtype), k], axis=1)
       v_all = jnp.concatenate([kv_prefix[1].astype(v.dtype), v], axis=1)
-    impl = choose_implementation(self.config.attention_impl, q.dtype, self.config.head_dim)
+    impl = choose_implementation(self.config.attention_impl, q.dtype, self.config.head_dim, mask.kind)
     o = checkpoint_name(constrain(attend(q, k_all, v_all, mask, impl), _ACT_HEADS), "attn_out")
     return self.output(o), (k, v)

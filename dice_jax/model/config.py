@@ -32,7 +32,7 @@ _DEFAULT_ATTENTION = {"sdar": "block_causal", "qwen3": "causal", "qwen2": "causa
                       "llama": "causal", "llada": "bidirectional"}
 SUPPORTED_MODEL_TYPES = ("sdar", "qwen3", "qwen2", "Dream", "llama", "llada")
 REMAT_POLICIES = ("none", "minimal", "dots", "dots_no_batch", "full")
-ATTENTION_IMPLS = ("auto", "cudnn", "xla")
+ATTENTION_IMPLS = ("auto", "cudnn", "xla", "pallas")
 
 
 class UnsupportedModelError(ValueError):
@@ -68,7 +68,7 @@ class ModelConfig:
   param_dtype: str = "float32"  # master weights
   remat: str = "none"  # one of REMAT_POLICIES (dice_jax.model.transformer maps them)
   scan_layers: bool = True  # lax.scan over stacked layers; False unrolls (same parameter layout)
-  attention_impl: str = "auto"  # auto | cudnn | xla (dice_jax.model.attention)
+  attention_impl: str = "auto"  # auto | cudnn | xla | pallas (dice_jax.model.attention)
   # The config.json this came from, written back by to_hf_dict (not part of equality: it does not
   # change the computation, and jit caches key on the config).
   hf_config_json: str = dataclasses.field(default="{}", compare=False, repr=False)

@@ -29,7 +29,7 @@ def _inputs(dtype, length=13):
   return x, head, targets, weights.at[:, :4].set(0.0)  # the first chunk (4 positions) is prompt only
 
 
-@pytest.mark.parametrize("chunk_tokens", [8, 26, 4096], ids=["chunks_of_4_padded", "one_chunk", "default"])
+@pytest.mark.parametrize("chunk_tokens", [8, 26, chunked_xent.DEFAULT_CHUNK_TOKENS], ids=["chunks_of_4_padded", "one_chunk", "default"])
 def test_chunked_loss_and_gradients_equal_plain_float32(chunk_tokens):
   x, head, targets, weights = _inputs(jnp.float32)
   chunked = jax.jit(jax.value_and_grad(lambda x, h: chunked_xent.weighted_token_nll(
