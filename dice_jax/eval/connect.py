@@ -100,11 +100,12 @@ def parse_targets(spec: str) -> tuple[str, ...]:
 def connect(spec: str, *, connect_timeout_s: float = 5.0, request_timeout_s: float = 1800.0,
             max_in_flight: int = 32, auth_token_file: str | None = None,
             local_cache_dir: str | os.PathLike[str] | None = None,
-            local_log: str | os.PathLike[str] | None = None) -> Connection:
+            local_log: str | os.PathLike[str] | None = None, **client_settings) -> Connection:
   """A preflighted connection; raises VerifierUnreachable (or LocalVerifierError, ValueError).
 
   request_timeout_s is per request from send to verdict: an evaluation queues many candidates
   behind a few compile workers, so it is much longer than the trainer's default.
+  `client_settings` are further ClientConfig fields (TLS, streams_per_target, ...).
   """
   local = LocalVerifier(cache_dir=local_cache_dir, log_path=local_log) if spec.strip() == LOCAL else None
   client = None
@@ -112,7 +113,7 @@ def connect(spec: str, *, connect_timeout_s: float = 5.0, request_timeout_s: flo
     targets = (local.start(),) if local is not None else parse_targets(spec)
     client = VerifierClient(ClientConfig(
         targets=targets, connect_timeout_s=connect_timeout_s, request_timeout_s=request_timeout_s,
-        max_in_flight_per_stream=max_in_flight, auth_token_file=auth_token_file))
+        max_in_flight_per_stream=max_in_flight, auth_token_file=auth_token_file, **client_settings))
     answers = client.info()
     info = {t: a for t, a in answers.items() if isinstance(a, pb.ServerInfo)}
     errors = {t: a for t, a in answers.items() if not isinstance(a, pb.ServerInfo)}

@@ -233,6 +233,14 @@ class VerifierSection:
   rtol: float = 0.0
   skip_timing: bool = False  # correctness only (DICE's binary reward needs no timing)
   local_cache_dir: str | None = None  # compile cache of a local verifier (null: its default)
+  # Streams per target: give a `dns:///name:port` target (round-robin over its addresses) several.
+  streams_per_target: int = 1
+  # TLS to the farm (system roots, or tls_root_certs_file); mTLS with a client certificate and key.
+  tls: bool = False
+  tls_root_certs_file: str | None = None
+  tls_client_cert_file: str | None = None
+  tls_client_key_file: str | None = None
+  tls_server_name: str | None = None  # override the name checked against the server's certificate
 
   def __post_init__(self):
     require(bool(self.targets), "targets", "needs `local` or at least one HOST:PORT")
@@ -242,6 +250,9 @@ class VerifierSection:
     require(self.max_in_flight > 0, "max_in_flight", f"must be > 0, got {self.max_in_flight}")
     require(self.num_correctness_trials >= 0, "num_correctness_trials", "must be >= 0")
     require(self.atol >= 0 and self.rtol >= 0, "atol", "tolerances must be >= 0")
+    require(self.streams_per_target >= 1, "streams_per_target", f"must be >= 1, got {self.streams_per_target}")
+    require((self.tls_client_cert_file is None) == (self.tls_client_key_file is None), "tls_client_cert_file",
+            "and tls_client_key_file must be given together")
 
 
 @dataclasses.dataclass(frozen=True)

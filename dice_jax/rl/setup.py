@@ -65,10 +65,21 @@ def verify_options(section: VerifierSection) -> pb.VerifyOptions:
 
 def connect_verifier(section: VerifierSection, run_dir: str) -> connect_lib.Connection:
   spec = "local" if section.targets == ("local",) else ",".join(section.targets)
+  try:
+    return _connect(spec, section, run_dir)
+  except ValueError as e:  # unreadable token or TLS files, malformed targets
+    raise ConfigError(f"verifier: {e}") from None
+
+
+def _connect(spec: str, section: VerifierSection, run_dir: str) -> connect_lib.Connection:
   return connect_lib.connect(spec, connect_timeout_s=section.connect_timeout_s,
                              request_timeout_s=section.request_timeout_s, max_in_flight=section.max_in_flight,
                              auth_token_file=section.auth_token_file, local_cache_dir=section.local_cache_dir,
-                             local_log=os.path.join(run_dir, "verifier.log"))
+                             local_log=os.path.join(run_dir, "verifier.log"),
+                             streams_per_target=section.streams_per_target, tls=section.tls,
+                             tls_root_certs_file=section.tls_root_certs_file,
+                             tls_client_cert_file=section.tls_client_cert_file,
+                             tls_client_key_file=section.tls_client_key_file, tls_server_name=section.tls_server_name)
 
 
 class Run:
