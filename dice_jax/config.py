@@ -149,7 +149,7 @@ def _convert(value: Any, tp: Any, where: str) -> Any:
     raise ConfigError(f"{where}: expected a string, got {value!r}")
   if origin is tuple:
     if isinstance(value, str):
-      value = [v for v in value.split(",") if v.strip()]
+      value = [v.strip() for v in value.split(",") if v.strip()]
     if not isinstance(value, Sequence):
       raise ConfigError(f"{where}: expected a list, got {value!r}")
     if len(args) == 2 and args[1] is Ellipsis:
@@ -266,8 +266,9 @@ def apply_overrides(schema: type, data: Mapping[str, Any], overrides: Sequence[s
     else:
       try:
         value = yaml.safe_load(raw) if raw.strip() else None
-      except yaml.YAMLError:
-        value = raw
+      except yaml.YAMLError:  # e.g. `[x.json?split=train]`: PyYAML takes no `?` inside a flow list
+        bare = raw.strip()
+        value = bare[1:-1] if bare.startswith("[") and bare.endswith("]") else raw
     node = data
     for i, part in enumerate(path[:-1]):
       child = node.get(part)

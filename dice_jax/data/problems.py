@@ -12,7 +12,14 @@ Formats read (`load_problems` picks one from the path):
   `{idx, level, pytorch_code, ...}`;
 - JSONL with one such object per line (either kind, mixed);
 - a KernelBench directory `levelN/<id>_<name>.py`; the id is the file stem;
-- the bundled sets shipped inside dice_jax (`bundled:tiny`).
+- the bundled sets shipped inside dice_jax (`bundled:tiny`);
+- synthetic problems generated on the fly (`synthetic:all?split=train`; see dice_jax.data.synthetic).
+
+Any file or directory path may end in `?split=train` or `?split=heldout` (optionally
+`&heldout_fraction=F`, default 1/3): a deterministic part of its items, chosen by a hash of each
+item's id, so an item's side never changes when the file grows and the two sides never overlap.
+This is how a phase-1 recipe trains on part of DICE's 99 infilling *evaluation* items and is
+evaluated on the rest (`kernel_infilling_evaluation.json?split=train` / `?split=heldout`).
 
 Every error is a `ProblemLoadError` naming the file and the item, so a typo in a 4,000-item file
 is found without a debugger. Loading never executes the reference (that needs torch; the verifier
@@ -23,6 +30,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import hashlib
 import importlib.resources
 import json
 import os
@@ -33,7 +41,12 @@ from typing import Any
 
 import yaml
 
+from dice_jax.data import synthetic
+
 BUNDLED_PREFIX = "bundled:"
+SYNTHETIC_PREFIX = synthetic.PREFIX
+FILE_SPLITS = ("train", "heldout")
+DEFAULT_HELDOUT_FRACTION = 1 / 3
 _LEVEL_DIR = re.compile(r"^level(\d+)$")
 _BUNDLED_NAME = re.compile(r"^[A-Za-z0-9_-]+$")
 _REQUIRED_NAMES = ("Model", "get_inputs", "get_init_inputs")
@@ -257,8 +270,79 @@ def load_bundled(name: str = "tiny") -> list[Problem]:
   return _records_to_problems(records, where, validate=True)
 
 
+def load_synthetic(spec: str) -> list[Problem]:
+  """Generated problems (`synthetic:<family>?split=...`, see dice_jax.data.synthetic)."""
+  try:
+    records = synthetic.records(spec)
+  except synthetic.SpecError as e:
+    raise ProblemLoadError(str(e)) from None
+  if not records:
+    raise ProblemLoadError(f"{spec}: selects no problems")
+  return _records_to_problems(records, spec, validate=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class FileSplit:
+  """`PATH?split=train|heldout[&heldout_fraction=F]`: a deterministic part of a file's items."""
+
+  path: str
+  split: str | None = None  # None: every item
+  heldout_fraction: float = DEFAULT_HELDOUT_FRACTION
+
+  @classmethod
+  def parse(cls, text: str) -> FileSplit:
+    if "?" not in text or os.path.exists(os.path.expanduser(text)):
+      return cls(text)
+    path, _, query = text.rpartition("?")
+    fields: dict[str, str] = {}
+    for part in filter(None, query.split("&")):
+      key, eq, value = part.partition("=")
+      if not eq or key in fields or key not in ("split", "heldout_fraction"):
+        raise ProblemLoadError(f"{text}: bad or repeated option {part!r}; expected "
+                               "PATH?split=train|heldout[&heldout_fraction=F]")
+      fields[key] = value
+    if fields.get("split") not in FILE_SPLITS:
+      raise ProblemLoadError(f"{text}: split must be one of {', '.join(FILE_SPLITS)}")
+    try:
+      fraction = float(fields.get("heldout_fraction", DEFAULT_HELDOUT_FRACTION))
+    except ValueError:
+      fraction = -1.0
+    if not 0 < fraction < 1:
+      raise ProblemLoadError(f"{text}: heldout_fraction must be a number in (0, 1), got "
+                             f"{fields['heldout_fraction']!r}")
+    return cls(path, fields["split"], fraction)
+
+  def keeps(self, problem_id: str) -> bool:
+    """Whether `problem_id` is on this split's side (always, with no split)."""
+    if self.split is None:
+      return True
+    digest = hashlib.sha256(f"heldout:{problem_id}".encode()).digest()
+    heldout = int.from_bytes(digest[:8], "big") < self.heldout_fraction * 2.0**64
+    return heldout == (self.split == "heldout")
+
+
+def check_source(path: str | os.PathLike[str]) -> None:
+  """Cheap checks of a problem path before anything loads it (for config validation): a well-formed
+  `bundled:`/`synthetic:` name, or an existing file/directory with a well-formed `?split=` query.
+  Raises ProblemLoadError."""
+  text = os.fspath(path)
+  if text.startswith(BUNDLED_PREFIX):
+    if not _BUNDLED_NAME.match(text[len(BUNDLED_PREFIX):]):
+      raise ProblemLoadError(f"{text}: a bundled set name is letters, digits, '_' or '-'")
+  elif text.startswith(SYNTHETIC_PREFIX):
+    try:
+      synthetic.parse_spec(text)
+    except synthetic.SpecError as e:
+      raise ProblemLoadError(str(e)) from None
+  else:
+    file = FileSplit.parse(text).path
+    if not os.path.exists(os.path.expanduser(file)):
+      raise ProblemLoadError(f"no such file or directory: {file!r}")
+
+
 def load_problems(path: str | os.PathLike[str], *, validate: bool = True) -> list[Problem]:
-  """Problems from `bundled:<name>`, a KernelBench directory, a `.jsonl` file or a DICE `.json` file.
+  """Problems from `bundled:<name>`, `synthetic:<family>?split=...`, a KernelBench directory, a
+  `.jsonl` file or a DICE `.json` file; a file or directory may end in `?split=train|heldout`.
 
   `validate` parses every reference and checks it defines Model, get_inputs and get_init_inputs;
   turn it off only for trusted, very large files (it costs ~0.1 ms per problem).
@@ -266,6 +350,19 @@ def load_problems(path: str | os.PathLike[str], *, validate: bool = True) -> lis
   text = os.fspath(path)
   if text.startswith(BUNDLED_PREFIX):
     return load_bundled(text[len(BUNDLED_PREFIX):])
+  if text.startswith(SYNTHETIC_PREFIX):
+    return load_synthetic(text)
+  split = FileSplit.parse(text)
+  problems = _load_path(split.path, validate)
+  if split.split is None:
+    return problems
+  kept = [p for p in problems if split.keeps(p.id)]
+  if not kept:
+    raise ProblemLoadError(f"{text}: the {split.split} side of its {len(problems)} problems is empty")
+  return kept
+
+
+def _load_path(text: str, validate: bool) -> list[Problem]:
   p = pathlib.Path(text).expanduser()
   if p.is_dir():
     return load_kernelbench_dir(p, validate=validate)

@@ -17,7 +17,7 @@ from typing import Literal
 
 from dice_jax.checkpoints import CheckpointConfig
 from dice_jax.config import require
-from dice_jax.data.problems import BUNDLED_PREFIX
+from dice_jax.data.problems import ProblemLoadError, check_source
 from dice_jax.distributed import DistributedConfig, MeshConfig
 from dice_jax.metrics_log import LoggingConfig
 from dice_jax.rewards.defaults import PRESET_WEIGHTS
@@ -43,8 +43,10 @@ def _tiny_model() -> ModelSection:
 
 
 def _check_source(path: str, key: str) -> None:
-  if not path.startswith(BUNDLED_PREFIX):
-    require(os.path.exists(os.path.expanduser(path)), key, f"no such file or directory: {path!r}")
+  try:
+    check_source(path)
+  except ProblemLoadError as e:
+    require(False, key, str(e))
 
 
 @dataclasses.dataclass(frozen=True)
