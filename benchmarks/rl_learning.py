@@ -25,8 +25,15 @@ Resumable under a time budget: `--budget-s` seconds after start every running st
 script exits 3; run the same command again (same --work) and it continues. Exit 0 when the table is
 written, 1 when a stage failed (its log is printed).
 
-    python benchmarks/rl_learning.py --work runs/learn --budget-s 560          # one H200
-    python benchmarks/rl_learning.py --work /tmp/learn-smoke --smoke            # CPU, every stage, tiny
+    python benchmarks/rl_learning.py --work runs/learn --budget-s 470 --wheels .whl   # one H200
+    python benchmarks/rl_learning.py --work /tmp/learn-smoke --smoke                  # CPU, every stage, tiny
+
+Cost on one H200 with 16 cores (an estimate until measured): SFT ~2-3 min (1,000 steps of ~14
+TFLOP); then the RL arms, ~20-30 s a step each, bound by compiling kernels (~8 CPU-s per new
+kernel, ~12 compilers), with arm (a)'s evaluation alongside; then the other two evaluations, ~1.5
+min. About 9-11 minutes in all, so a second call (within the machine's 30 s warm window, which
+keeps WORK and the compile cache) may be needed. The --smoke run takes ~2.5 minutes on the 2-core
+CPU VM and proves only that every stage runs: a model that small writes no code.
 """
 
 from __future__ import annotations
@@ -434,7 +441,8 @@ def main() -> int:
                       help="stop every stage this many seconds after start and exit 3 (default %(default)s)")
   parser.add_argument("--smoke", action="store_true", help="tiny CPU run of every stage (compile-only verifier)")
   parser.add_argument("--verifier-cache", type=pathlib.Path,
-                      help="compile cache of the loopback verifier (default WORK/verifier-cache)")
+                      help="compile cache of the loopback verifier (default: the verifier's, $DICE_VERIFIER_CACHE or "
+                           "~/.cache/dice-verifier, which tests/data/test_data_synthetic_verify.py fills too)")
   parser.add_argument("--export", type=pathlib.Path, help="also write a .tar.gz of results, logs and plots here")
   parser.add_argument("--wheels", type=pathlib.Path,
                       help="a folder of wheels to install first (pip --target WORK/site, no index, no deps), for "
@@ -464,12 +472,12 @@ def main() -> int:
   print(f"[{_clock()}] data: {counts}", flush=True)
   from dice_jax.eval.local_verifier import LocalVerifier
 
-  cache = (args.verifier_cache or work / "verifier-cache").expanduser().resolve()
+  cache = args.verifier_cache.expanduser().resolve() if args.verifier_cache else None
   extra = ("--slots-per-gpu", str(sizes.slots_per_gpu), "--queue-capacity", "2048",
            "--sandbox-memory", str(16 << 30))
   with LocalVerifier(cache_dir=cache, compile_workers=sizes.compile_workers, log_path=work / "logs" / "verifier.log",
                      extra_args=extra) as verifier:
-    print(f"[{_clock()}] verifier {verifier.target} (cache {cache})", flush=True)
+    print(f"[{_clock()}] verifier {verifier.target} (cache {cache or 'the verifier default'})", flush=True)
     code = Runner(work, stages(work, sizes, verifier.target), start + args.budget_s).run()
   if code != EXIT_OK:
     return code

@@ -14,8 +14,10 @@ header and light-header environments (over a minute on a 2-core machine).
 - `test_every_answer_is_correct_on_a_gpu` (gpu): every problem's known-good file, one verdict each,
   correctness only: all OK.
 
-The server runs in-process (tests/verifier/verifier_harness.py) with the compile cache the verifier
-tests use, so the precompiled header and light-header environments are built once per session.
+The server runs in-process (tests/verifier/verifier_harness.py) with the verifier's default compile
+cache ($DICE_VERIFIER_CACHE, else ~/.cache/dice-verifier), as tests/rewards' integration test does:
+the cache is content-addressed, so a warm machine rebuilds nothing, and on the GPU host the same
+cache then serves benchmarks/rl_learning.py (every known-good answer already built).
 """
 
 from __future__ import annotations
@@ -49,11 +51,9 @@ def _has_gpu() -> bool:
 
 
 @pytest.fixture(scope="module")
-def verifier(tmp_path_factory):
-  cache = tmp_path_factory.getbasetemp() / "verifier-cache"  # shared with tests/verifier, tests/adversarial
-  cache.mkdir(exist_ok=True)
-  config = verifier_harness.make_config(cache, compile_workers=os.cpu_count() or 2, queue_capacity=4096,
-                                        run_timeout_s=300.0, slots_per_gpu=4)
+def verifier():
+  config = verifier_harness.make_config(toolchain_lib.default_cache_dir(), compile_workers=os.cpu_count() or 2,
+                                        queue_capacity=4096, run_timeout_s=300.0, slots_per_gpu=4)
   srv = verifier_harness.ServerThread(config, toolchain_lib.discover(), grpc_server=False)
   yield srv
   srv.stop()
