@@ -92,8 +92,7 @@ class Sizes:
                  rl_steps=2, rl_overrides=("model.dtype=float32", "rollout.prompts_per_step=2",
                                            "rollout.group_size=2", "rollout.gen_length=64",
                                            "train.grad_accum_steps=1"),
-                 eval_samples=2, eval_max_new_tokens=64, eval_batch_size=4, slots_per_gpu=1, compile_workers=2,
-                 jax_memory=(0.45, 0.18))
+                 eval_samples=2, eval_max_new_tokens=64, eval_batch_size=4, slots_per_gpu=1, compile_workers=2)
 
 
 # ----------------------------------------------------------------------------------------- data
@@ -309,13 +308,16 @@ def _family_rates(eval_dir: pathlib.Path, key: str, groups: dict[str, str]) -> d
   return {g: sum(v) / len(v) for g, v in sorted(sums.items())}
 
 
+_RL_KEYS = ("step", "curriculum/phase2_share", "format", "compile", "correct", "reward", "adv/zero_var_frac", "kl",
+            "entropy", "timing/step_s", "wait_frac")
+
+
 def _rl_summary(run_dir: pathlib.Path) -> dict[str, object]:
   path = run_dir / "metrics.jsonl"
   if not path.exists():
     return {}
   records = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-  rows = [{k: r.get(k) for k in ("step", "reward", "compile", "correct", "curriculum/phase2_share", "kl", "entropy",
-                                 "timing/step_s", "wait_frac")} for r in records]
+  rows = [{k: r.get(k) for k in _RL_KEYS} for r in records]
   return {"steps": rows}
 
 
@@ -372,6 +374,16 @@ def markdown(res: dict[str, object]) -> str:
   lines.append(f"{first['problems']} held-out problems, {rows['sft']['samples'] // max(first['problems'], 1)} "
                f"samples each at temperature 1; group columns are execution accuracy by family/why held out. "
                f"RL: {res['rl_completions_per_arm']} verified completions per arm.")
+  lines += ["", "RL training, per step (rates over that step's completions; phase 2 share 0 = infilling):", "",
+            "| arm | step | phase 2 share | format | compile | correct | reward | zero-variance groups | KL | "
+            "entropy | step s | waiting on verdicts |", "|" + "---|" * 12]
+  for arm, run in res["rl"].items():
+    for r in run.get("steps", []):
+      cells = [ARMS[arm], str(r["step"]), *(f"{r[k]:.2f}" if isinstance(r.get(k), (int, float)) else "-"
+                                            for k in _RL_KEYS[1:])]
+      lines.append("| " + " | ".join(cells) + " |")
+  lines += ["", "Stage wall times, s (summed over calls; stages after SFT overlap): " + ", ".join(
+      f"{k} {v:.0f}" for k, v in res["stage_seconds"].items() if v is not None), ""]
   t = res["targets"]
   if t is None:
     lines.append("Targets: not decidable: the verifier has no GPU, so nothing was checked for correctness "
