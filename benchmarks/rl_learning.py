@@ -308,8 +308,9 @@ def _family_rates(eval_dir: pathlib.Path, key: str, groups: dict[str, str]) -> d
   return {g: sum(v) / len(v) for g, v in sorted(sums.items())}
 
 
-_RL_KEYS = ("step", "curriculum/phase2_share", "format", "compile", "correct", "reward", "adv/zero_var_frac", "kl",
-            "entropy", "timing/step_s", "wait_frac")
+_RL_KEYS = ("step", "curriculum/phase2_share", "format", "compile", "correct", "reward", "outcomes/OK",
+            "outcomes/INCORRECT", "outcomes/COMPILE_ERROR", "outcomes/FORMAT", "adv/zero_var_frac", "kl", "entropy",
+            "timing/step_s", "wait_frac")
 
 
 def _rl_summary(run_dir: pathlib.Path) -> dict[str, object]:
@@ -375,11 +376,13 @@ def markdown(res: dict[str, object]) -> str:
                f"samples each at temperature 1; group columns are execution accuracy by family/why held out. "
                f"RL: {res['rl_completions_per_arm']} verified completions per arm.")
   lines += ["", "RL training, per step (rates over that step's completions; phase 2 share 0 = infilling):", "",
-            "| arm | step | phase 2 share | format | compile | correct | reward | zero-variance groups | KL | "
-            "entropy | step s | waiting on verdicts |", "|" + "---|" * 12]
+            "| arm | step | phase 2 share | format | compile | correct | reward | # OK | # INCORRECT | "
+            "# COMPILE_ERROR | # no code | zero-variance groups | KL | entropy | step s | waiting on verdicts |",
+            "|" + "---|" * 16]
   for arm, run in res["rl"].items():
     for r in run.get("steps", []):
-      cells = [ARMS[arm], str(r["step"]), *(f"{r[k]:.2f}" if isinstance(r.get(k), (int, float)) else "-"
+      cells = [ARMS[arm], str(r["step"]), *(("-" if not isinstance(r.get(k), (int, float)) else
+                                             f"{r[k]:.0f}" if k.startswith("outcomes/") else f"{r[k]:.2f}")
                                             for k in _RL_KEYS[1:])]
       lines.append("| " + " | ".join(cells) + " |")
   lines += ["", "Stage wall times, s (summed over calls; stages after SFT overlap): " + ", ".join(
@@ -411,7 +414,7 @@ def export(work: pathlib.Path, path: pathlib.Path) -> None:
   """One archive of what a reader needs (results, logs, metrics, eval summaries, plots)."""
   with tarfile.open(path, "w:gz") as tar:
     for pattern in ("results.*", "state.json", "logs/*.log", "*/metrics.jsonl", "*/config.yaml", "eval/*/summary.*",
-                    "eval/*/problems/*.json", "plots/*/*.png", "data/*.json"):
+                    "eval/*/problems/*.json", "plots/*/*.png", "data/*.json", "*/samples/*.jsonl"):
       for file in sorted(work.glob(pattern)):
         tar.add(file, arcname=str(file.relative_to(work)))
 
