@@ -72,7 +72,9 @@ class Sizes:
   eval_batch_size: int = 96
   slots_per_gpu: int = 6
   compile_workers: int = 12
-  jax_memory: tuple[float, float] = (0.45, 0.18)  # GPU share of the SFT process; of each later one
+  # GPU memory share (XLA_PYTHON_CLIENT_MEM_FRACTION) of the SFT, each RL and each eval process: at most
+  # 2 RL + 1 eval run at once (0.62), the rest is the verifier's workers'.
+  jax_memory: tuple[float, float, float] = (0.5, 0.25, 0.12)
 
   @staticmethod
   def gpu() -> Sizes:
@@ -186,7 +188,7 @@ def stages(work: pathlib.Path, sizes: Sizes, verifier: str) -> list[Stage]:
         "eval", "--model", model, "--problems", sizes.heldout_spec, "--mode", "end-to-end",
         "--samples", sizes.eval_samples, "--temperature", "1.0", "--max-new-tokens", sizes.eval_max_new_tokens,
         "--batch-size", sizes.eval_batch_size, *templates, "--verifier", verifier, "--name", ARMS[arm],
-        "--out", work / "eval" / arm), after=(arm,), jax_memory=sizes.jax_memory[1], retry_codes=(4,)))
+        "--out", work / "eval" / arm), after=(arm,), jax_memory=sizes.jax_memory[2], retry_codes=(4,)))
   return out
 
 
@@ -488,8 +490,9 @@ def main() -> int:
   from dice_jax.eval.local_verifier import LocalVerifier
 
   cache = args.verifier_cache.expanduser().resolve() if args.verifier_cache else None
+  # RLIMIT_DATA of each job child: 32 GiB, what the GPU runs so far had (the default is RAM / 2 / slots).
   extra = ("--slots-per-gpu", str(sizes.slots_per_gpu), "--queue-capacity", "2048",
-           "--sandbox-memory", str(16 << 30))
+           "--sandbox-memory", str(32 << 30))
   with LocalVerifier(cache_dir=cache, compile_workers=sizes.compile_workers, log_path=work / "logs" / "verifier.log",
                      extra_args=extra) as verifier:
     print(f"[{_clock()}] verifier {verifier.target} (cache {cache or 'the verifier default'})", flush=True)
