@@ -185,3 +185,11 @@ def test_a_path_that_really_contains_a_question_mark_is_a_file(tmp_path, shared_
   odd = tmp_path / "odd?split=train.json"
   odd.write_text((shared_dir / INFILLING).read_text())
   assert len(P.load_problems(odd)) == 99
+
+
+def test_split_candidate_needs_exactly_one_source_string(every):
+  good = every[0].known_good
+  with pytest.raises(ValueError, match="found 0"):
+    render.split_candidate(good.replace('source = """', 'src = """'))
+  with pytest.raises(ValueError, match="found 2"):
+    render.split_candidate(good + "\n" + every[0].middle + "\n")
