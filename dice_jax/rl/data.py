@@ -27,6 +27,7 @@ from dice_jax.rl.config import DataSection
 
 log = logging.getLogger(__name__)
 
+_DICE_EVALUATION_SET = "kernel_infilling_evaluation.json"  # DICE's phase-1 test items (no `?split=`)
 COMPACT_INFILLING = prompts_lib.PromptTemplate(system=None, user=(
     "Reference:\n```python\n{reference}\n```\nWrite the missing `source = \"\"\"...\"\"\"` (CUDA code) "
     "of this file:\n```python\n{scaffold}\n```"))
@@ -102,6 +103,10 @@ class PromptBook:
   def stream(self, phase1_files: tuple[str, ...], phase2_files: tuple[str, ...], *, need_phase1: bool,
              need_phase2: bool) -> BiPhaseStream:
     """The checkpointable two-phase stream; this process takes its shard of every global batch."""
+    for path in phase1_files:
+      if os.path.basename(path) == _DICE_EVALUATION_SET:
+        log.warning("data.phase1_files: %s is DICE's phase-1 evaluation set: training on all of it leaves nothing "
+                    "unseen to evaluate on; use %s?split=train and evaluate on ?split=heldout", path, path)
     streams = {}
     for phase, files, needed in ((1, phase1_files, need_phase1), (2, phase2_files, need_phase2)):
       if not needed:
