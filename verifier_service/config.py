@@ -15,6 +15,8 @@ from dice.verifier.v1 import verifier_pb2 as pb
 
 from verifier_service import toolchain
 
+POLICIES = {"default": pb.POLICY_DEFAULT, "strict": pb.POLICY_STRICT}
+
 
 @dataclasses.dataclass
 class ServerConfig:
@@ -38,6 +40,11 @@ class ServerConfig:
   max_timing_trials: int = 1000
   seed: int = 42
   plausible_speedup: float = 100.0
+  # Partial-replacement policy for requests that leave VerifyOptions.policy unset: "default"
+  # (KernelBench/DICE: a torch matmul or conv may stay) or "strict" (torch only for glue, and the
+  # candidate's kernels take at least `strict_min_fraction` of the kernel time). See policy.py.
+  policy: str = "default"
+  strict_min_fraction: float = 0.5
   verdict_cache_size: int = 10_000
   use_pch: bool = True
   light_headers: bool = True
@@ -54,8 +61,16 @@ class ServerConfig:
   sandbox_uid_base: int = 61000  # as root, slot k's children run as uid/gid base + k
   sandbox_memory_bytes: int = 0  # RLIMIT_DATA; 0: physical memory / (2 x slots), <= 32 GiB
   sandbox_file_bytes: int = 256 << 20  # RLIMIT_FSIZE
-  gpu_memory_fraction: float = 0.0  # per-process CUDA allocator cap; 0: 0.9 / slots_per_gpu
+  # CUDA allocator cap of each candidate process; 0: 0.6 / slots_per_gpu. The judge process of each
+  # slot (the reference's side of the trust boundary) is capped at 0.3 / slots_per_gpu.
+  gpu_memory_fraction: float = 0.0
   verdict_store_size: int = 100_000  # verdicts kept on disk (by request id) across restarts
+
+  def __post_init__(self) -> None:
+    if self.policy not in POLICIES:
+      raise ValueError(f"policy must be one of {sorted(POLICIES)}, got {self.policy!r}")
+    if not 0.0 < self.strict_min_fraction <= 1.0:
+      raise ValueError(f"strict_min_fraction must be in (0, 1], got {self.strict_min_fraction}")
 
   @property
   def tls(self) -> bool:
@@ -71,7 +86,8 @@ class ServerConfig:
     return {"enabled": self.sandbox, "strict": self.sandbox_strict,
             "uid_base": self.sandbox_uid_base, "memory_bytes": memory,
             "cpu_s": int(2 * self.max_run_timeout_s + 60), "file_bytes": self.sandbox_file_bytes,
-            "gpu_memory_fraction": self.gpu_memory_fraction or 0.9 / slots,
+            "gpu_memory_fraction": self.gpu_memory_fraction or 0.6 / slots,
+            "judge_gpu_memory_fraction": 0.3 / slots,
             "read_only": [cuda_root] if cuda_root else []}
 
 
@@ -97,4 +113,8 @@ def resolve_options(options: pb.VerifyOptions, config: ServerConfig) -> dict[str
                             config.max_run_timeout_s),
       "seed": options.seed or config.seed,
       "plausible_speedup": config.plausible_speedup,
+      "policy": pb.Policy.Name(options.policy or POLICIES[config.policy]),
+      "min_custom_kernel_fraction": (min(options.min_custom_kernel_fraction, 1.0)
+                                     if options.min_custom_kernel_fraction > 0
+                                     else config.strict_min_fraction),
   }

@@ -1,18 +1,15 @@
 """Server side of the GPU worker processes: N slots per GPU, each one `worker.py` process.
 
-A slot runs one job at a time. It enforces the run stage's time limit by killing the job's child
-process group (the worker stays up), and it replaces the worker process itself when that dies or
-stops answering. What it returns is a Verdict-shaped dict (see `runner.run_job`); failures the
-child could not report itself are classified here:
+A slot runs one job at a time. It enforces the run stage's time limit by killing the process
+groups of the job's two children (the judge and the candidate's process; the worker stays up),
+and it replaces the worker process itself when that dies or stops answering. What it returns is
+the Verdict-shaped dict the worker merged from both children (trusted/verdict.py classifies how
+they ended); two failures only the pool can see are classified here:
 
-  - time limit hit                      TIMEOUT (exploit HANG) in the stage the child was in
-  - child killed by SIGXCPU / SIGXFSZ   RUNTIME_ERROR (RESOURCE_EXHAUSTION: CPU time / file size)
-  - child killed by SIGKILL (not us)    RUNTIME_ERROR (RESOURCE_EXHAUSTION: the kernel's OOM killer)
-  - child killed by another signal      RUNTIME_ERROR (exploit CRASH) with the log tail
-  - child exited without a result       INFRA_ERROR (a verifier bug, never the candidate's fault)
+  - time limit hit                      TIMEOUT (exploit HANG) in the stage the judge was in
   - worker process died or hung         INFRA_ERROR; the slot restarts its worker
-System calls the sandbox refused (reported by the worker's seccomp supervisor) are added as
-exploits, and `exploits.apply_policy` decides the outcome.
+Exploits already found (including system calls the sandbox refused) stay on a TIMEOUT verdict,
+and `exploits.apply_policy` decides its outcome.
 
 Each slot's worker gets an allow-listed environment (no tokens or keys: its /proc/self/environ is
 what candidate code could read) and, when the server runs as root, its own sandbox uid
@@ -42,7 +39,6 @@ _ENV_KEEP = ("PATH", "HOME", "LANG", "LC_", "TMPDIR", "VIRTUAL_ENV", "PYTHONPATH
 _READY_TIMEOUT_S = 300.0
 _KILL_GRACE_S = 15.0
 _STREAM_LIMIT = 64 << 20
-_CANDIDATE_STAGES = ("STAGE_CORRECTNESS", "STAGE_TIMING")
 
 
 class WorkerDied(Exception):
@@ -114,7 +110,7 @@ class WorkerSlot:
     """
     self.jobs_run += 1
     for send in range(2):
-      phase, child, accepted = "STAGE_LOAD", None, False
+      phase, children, accepted = "STAGE_LOAD", [], False
       try:
         if self._proc is None or self._proc.returncode is not None:
           await self.restart()
@@ -126,9 +122,7 @@ class WorkerSlot:
           remaining = deadline - time.monotonic()
           if remaining <= 0 and not timed_out:
             timed_out = True
-            if child is not None:
-              with contextlib.suppress(ProcessLookupError):
-                os.killpg(child, signal.SIGKILL)
+            _kill(children)
             deadline = time.monotonic() + _KILL_GRACE_S
             continue
           if remaining <= 0:
@@ -142,7 +136,7 @@ class WorkerSlot:
           accepted = True
           kind = message["type"]
           if kind == "started":
-            child = message["pid"]
+            children = list(message.get("pids", [message["pid"]]))
           elif kind == "phase":
             phase = message["phase"]
             if on_phase is not None:
@@ -151,71 +145,57 @@ class WorkerSlot:
             return _classify(message, phase, timed_out, timeout_s)
       except (WorkerDied, BrokenPipeError, ConnectionResetError, json.JSONDecodeError) as e:
         log.warning("worker %s failed: %s; restarting it", self.name, e)
-        if child is not None:  # the job's child has its own session: it outlives the worker
-          with contextlib.suppress(ProcessLookupError):
-            os.killpg(child, signal.SIGKILL)
+        _kill(children)  # the job's children have their own sessions: they outlive the worker
         await self.stop()
         if not accepted and send == 0:
           continue
         return {"outcome": "INFRA_ERROR", "stage": phase, "message": f"worker failed: {e}"}
       except asyncio.CancelledError:
-        # The request went away (deadline): kill its child so the slot is free for the next job.
+        # The request went away (deadline): kill its children so the slot is free for the next job.
         try:
-          await asyncio.wait_for(self._abort(job["job_id"], child), _KILL_GRACE_S)
+          await asyncio.wait_for(self._abort(job["job_id"], children), _KILL_GRACE_S)
         except (asyncio.TimeoutError, WorkerDied, json.JSONDecodeError):
           await self.stop()
         raise
     raise AssertionError("unreachable: the second send always returns")
 
-  async def _abort(self, job_id: str, child: int | None) -> None:
-    """Kills the job's child and reads messages up to its `done`, keeping the worker."""
+  async def _abort(self, job_id: str, children: list[int]) -> None:
+    """Kills the job's children and reads messages up to its `done`, keeping the worker."""
     while True:
-      if child is not None:
-        with contextlib.suppress(ProcessLookupError):
-          os.killpg(child, signal.SIGKILL)
+      _kill(children)
       message = await self._read()
       if message.get("job_id") != job_id:
         continue
       if message["type"] == "started":
-        child = message["pid"]
+        children = list(message.get("pids", [message["pid"]]))
       elif message["type"] == "done":
         return
 
 
-_SIGNAL_CAUSES = {
-    "SIGXCPU": ("RESOURCE_EXHAUSTION", "CPU time limit (RLIMIT_CPU) exceeded"),
-    "SIGXFSZ": ("RESOURCE_EXHAUSTION", "file size limit (RLIMIT_FSIZE) exceeded"),
-    "SIGKILL": ("RESOURCE_EXHAUSTION", "killed by SIGKILL, not by the verifier: the kernel's "
-                "out-of-memory killer"),
-    "SIGSYS": ("SANDBOX_VIOLATION", "killed by seccomp (SIGSYS)"),
-}
+def _kill(pgids: list[int]) -> None:
+  for pgid in pgids:
+    with contextlib.suppress(ProcessLookupError):
+      os.killpg(pgid, signal.SIGKILL)
 
 
 def _classify(done: dict[str, Any], phase: str, timed_out: bool,
               timeout_s: float) -> dict[str, Any]:
-  status, result, tail = done["status"], done.get("result"), done.get("log_tail", "")
-  violations = list(done.get("violations", []))
+  result = done.get("result")
   if timed_out:
+    # Hacks found before the hang stay; what the kill itself caused (SIGKILL) is not evidence.
+    found = [f for f in (result or {}).get("exploits", []) if f["kind"] in exploits.REJECTING]
     verdict = {"outcome": "TIMEOUT", "stage": phase,
                "message": f"run stage exceeded {timeout_s:.1f} s (in {phase})",
                "exploits": [{"kind": "HANG",
-                             "evidence": f"killed after {timeout_s:.1f} s in {phase}"}]}
+                             "evidence": f"killed after {timeout_s:.1f} s in {phase}"}] + found}
+    for key in ("policy", "trials", "environment"):
+      if result and key in result:
+        verdict[key] = result[key]
   elif result is not None:
     verdict = result
   else:
-    fatal = tail.find("Fatal Python error")
-    tail = (tail[fatal:fatal + 600] if fatal >= 0 else tail[-600:]).strip()
-    if "signal" in status:
-      who = "ModelNew" if phase in _CANDIDATE_STAGES else "the candidate or reference"
-      kind, cause = _SIGNAL_CAUSES.get(status["signal_name"], ("CRASH", status["signal_name"]))
-      verdict = {"outcome": "RUNTIME_ERROR", "stage": phase,
-                 "message": f"{who} killed the worker with {status['signal_name']} in {phase} "
-                            f"({cause}): {tail}",
-                 "exploits": [{"kind": kind, "evidence": cause}]}
-    else:
-      verdict = {"outcome": "INFRA_ERROR", "stage": phase,
-                 "message": f"worker child exited with {status} and no result: {tail}"}
-  verdict["exploits"] = list(verdict.get("exploits", [])) + violations
+    verdict = {"outcome": "INFRA_ERROR", "stage": phase,
+               "message": f"worker could not run the job: {done.get('status')}"}
   return exploits.apply_policy(verdict)
 
 

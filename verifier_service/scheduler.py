@@ -176,6 +176,7 @@ class Scheduler:
     verdict = pb.Verdict(request_id=request.request_id)
     verdict.environment.CopyFrom(pb.Environment(**self.toolchain.environment()))
     options = config_lib.resolve_options(request.options, self.config)
+    verdict.policy = pb.Policy.Value(options["policy"])
     try:
       await self._stages(request, options, verdict)
     except Exception as e:  # pylint: disable=broad-except

@@ -1,4 +1,4 @@
-"""A worker process: imports torch once, then forks one sandboxed child per job.
+"""A worker process: imports torch once, then forks two sandboxed children per job.
 
 Run as `python -m verifier_service.worker --device cuda` with CUDA_VISIBLE_DEVICES naming one GPU
 (the pool does this, one process per slot). Protocol: one JSON object per line. Jobs arrive on
@@ -6,31 +6,40 @@ stdin; messages leave on the process's original stdout, which is kept private (f
 at stderr so that stray prints cannot corrupt it, and job children never inherit it):
 
   {"type": "ready", "pid": ..., "torch_version": ..., "sandbox": {layer: state}}   once
-  {"type": "started", "job_id": ..., "pid": CHILD}               the child's pid (= its pgid)
-  {"type": "phase", "job_id": ..., "phase": "STAGE_..."}         as the child goes
-  {"type": "done", "job_id": ..., "status": {...}, "result": {...} | null, "log_tail": "...",
-   "violations": [{"kind": ..., "evidence": ...}]}
+  {"type": "started", "job_id": ..., "pid": CANDIDATE, "pids": [CANDIDATE, JUDGE]}  (= pgids)
+  {"type": "phase", "job_id": ..., "phase": "STAGE_..."}         as the judge goes
+  {"type": "done", "job_id": ..., "result": {...}, "status": {...}, "log_tail": "..."}
+
+The trust boundary (DESIGN §6, stage 3). Each job runs in two children forked from this process:
+- the judge (trusted/judge.py) executes the reference, regenerates every input from the seeds,
+  compares and times the reference: it never loads candidate code;
+- the candidate's process (untrusted/child.py) executes the candidate and answers the judge's
+  commands, its outputs leaving as bytes over a socket (wire.py).
+Each is sandboxed on its own (sandbox.py) and they share nothing but that socket. Each reports to
+this process on a pipe of its own, with a per-job nonce (a candidate that writes a result line
+without knowing the nonce is caught forging it); the candidate's process also hands over its
+seccomp listener, through which the worker names every refused system call (`sandbox.Supervisor`).
+The worker then merges both reports and both exit statuses into one verdict (trusted/verdict.py):
+only this process and the judge decide anything.
 
 Why fork per job: the worker never initialises CUDA, so each child creates its own context, and a
 child that hangs, crashes, corrupts its CUDA context or monkey-patches torch takes only itself
-down; torch's import cost (seconds) is paid once per slot, not per job.
-
-The child talks back over a pipe of its own (phases, then one result carrying a per-job nonce, so
-a candidate that writes a result line without knowing the nonce is caught forging it) and hands
-the worker its seccomp listener, through which the worker names every refused system call
-(`sandbox.Supervisor`). The job's modules are copied from the compile cache into the job's folder
-before the fork: the child never needs to see the cache.
+down; torch's import cost (seconds) is paid once per slot, not per job. The job's modules are
+copied from the compile cache into the candidate's folder before the fork: the children never
+need to see the cache.
 
 `--device cpu` is the development/test mode (off by default; the server enables it only with
 `--cpu-test-mode`): the same children run reference and candidate on the CPU, which lets CI
-exercise spawning, the sandbox, crashes, hangs, timeouts, correctness, exploit checks and
+exercise the boundary, the sandbox, crashes, hangs, timeouts, correctness, exploit checks and
 poisoning with candidates whose load_inline has only C++ sources. It proves nothing about CUDA.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import faulthandler
+import io
 import json
 import os
 import secrets
@@ -48,6 +57,7 @@ from verifier_service import sandbox
 
 LOG_TAIL_BYTES = 4096
 _EXIT_GRACE_S = 2.0
+JUDGE, CANDIDATE = "judge", "candidate"
 
 
 def _send(out: TextIO, message: dict[str, Any]) -> None:
@@ -71,25 +81,25 @@ def _close_other_fds(keep: set[int]) -> None:
         pass  # the listing's own descriptor
 
 
-def _child(job: dict[str, Any], job_dir: str, nonce: str, report_fd: int,
-           notify: socket.socket | None) -> None:
-  """Runs in the forked child; never returns."""
+def _child(role: str, job: dict[str, Any], job_dir: str, nonce: str, report_fd: int,
+           boundary: socket.socket, notify: socket.socket | None) -> None:
+  """Runs in a forked child (the judge or the candidate's process); never returns."""
   code = 70
   try:
     os.setsid()
     netns = sandbox.enter_namespaces() if job["sandbox"]["enabled"] else "off: disabled"
     devnull = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(devnull, 0)  # the job pipe is the worker's, not the candidate's
+    os.dup2(devnull, 0)  # the job pipe is the worker's, not the children's
     log_fd = os.open(os.path.join(job_dir, "output.log"), os.O_WRONLY | os.O_CREAT, 0o644)
     os.dup2(log_fd, 1)
     os.dup2(log_fd, 2)
-    _close_other_fds({report_fd} | ({notify.fileno()} if notify else set()))
+    _close_other_fds({report_fd, boundary.fileno()} | ({notify.fileno()} if notify else set()))
     sys.stdout = os.fdopen(1, "w", buffering=1)
     sys.stderr = os.fdopen(2, "w", buffering=1)
     faulthandler.enable()
     os.chdir(job_dir)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    from verifier_service import runner  # pylint: disable=import-outside-toplevel
+    from verifier_service import wire  # pylint: disable=import-outside-toplevel
     spec = job["sandbox"]
     policy = sandbox.Policy(job_dir=job_dir, read_only=spec["read_only"], uid=spec["uid"],
                             memory_bytes=spec["memory_bytes"], cpu_s=spec["cpu_s"],
@@ -101,7 +111,13 @@ def _child(job: dict[str, Any], job_dir: str, nonce: str, report_fd: int,
       return sandbox.lock_down(policy, netns, notify)
 
     emit = lambda msg: _write_line(report_fd, {"type": "phase", **msg})
-    result = runner.run_job(job, emit, lock_down)
+    chan = wire.Channel(boundary)
+    if role == JUDGE:
+      from verifier_service.trusted import judge  # pylint: disable=import-outside-toplevel
+      result = judge.run(job, chan, emit, lock_down)
+    else:
+      from verifier_service.untrusted import child  # pylint: disable=import-outside-toplevel
+      result = child.run(job, chan, emit, lock_down)
     _write_line(report_fd, {"type": "result", "nonce": nonce, "result": result})
     code = 0
   except BaseException:  # pylint: disable=broad-except
@@ -131,19 +147,25 @@ def _tail(path: str) -> str:
     return ""
 
 
-class _JobChannel:
+class _Child:
   """The worker's side of one child: its report pipe, its seccomp listener, its exit."""
 
-  def __init__(self, pid: int, report_fd: int, notify: socket.socket, nonce: str,
-               job_id: str, out: TextIO):
-    self.pid, self.report_fd, self.notify, self.nonce = pid, report_fd, notify, nonce
-    self.job_id, self.out = job_id, out
+  def __init__(self, role: str, pid: int, report_fd: int, notify: socket.socket | None,
+               nonce: str, job_dir: str):
+    self.role, self.pid, self.report_fd, self.notify, self.nonce = (role, pid, report_fd, notify,
+                                                                    nonce)
+    self.job_dir = job_dir
+    self.pidfd = os.pidfd_open(pid)
     self.result: dict[str, Any] | None = None
     self.forged: list[dict[str, str]] = []
     self.supervisor: sandbox.Supervisor | None = None
+    self.phase = "STAGE_LOAD"
+    self.loading = False  # the candidate's process is about to execute candidate code
+    self.exited = self.drained = self.killed = False
+    self.wait_status: int | None = None
     self._buffer = b""
 
-  def _line(self, line: bytes) -> None:
+  def line(self, line: bytes, out: TextIO, job_id: str) -> None:
     try:
       message = json.loads(line)
     except ValueError:
@@ -151,7 +173,11 @@ class _JobChannel:
     if not isinstance(message, dict):
       return
     if message.get("type") == "phase" and isinstance(message.get("phase"), str):
-      _send(self.out, {"type": "phase", "job_id": self.job_id, "phase": message["phase"]})
+      if message["phase"] == "CANDIDATE_LOADING" and self.role == CANDIDATE:
+        self.loading = True
+      elif self.role == JUDGE and message["phase"].startswith("STAGE_"):
+        self.phase = message["phase"]
+        _send(out, {"type": "phase", "job_id": job_id, "phase": message["phase"]})
     elif message.get("type") == "result":
       if message.get("nonce") != self.nonce or not isinstance(message.get("result"), dict):
         self.forged.append({"kind": "MONKEY_PATCH",
@@ -159,55 +185,88 @@ class _JobChannel:
       elif self.result is None:
         self.result = message["result"]
 
-  def run(self) -> int:
-    """Serves the child until it exits and its pipe is drained; returns its wait status."""
-    pidfd = os.pidfd_open(self.pid)
-    poller = select.poll()
-    for fd in (pidfd, self.report_fd, self.notify.fileno()):
-      poller.register(fd, select.POLLIN)
-    exited, report_open = False, True
-    deadline = None
-    while report_open:
-      timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
-      events = poller.poll(None if timeout is None else int(timeout * 1000))
-      if not events and deadline is not None:
-        break  # exited, but something still holds the pipe open
-      for fd, _ in events:
-        if fd == pidfd:
-          exited = True
-          deadline = time.monotonic() + _EXIT_GRACE_S
-          poller.unregister(pidfd)
-        elif fd == self.report_fd:
-          data = os.read(fd, 1 << 16)
-          if not data:
-            report_open = False
-            continue
-          self._buffer += data
-          *lines, self._buffer = self._buffer.split(b"\n")
-          for line in lines:
-            self._line(line)
-        elif fd == self.notify.fileno():
-          poller.unregister(fd)
-          try:
-            _, fds, _, _ = socket.recv_fds(self.notify, 1, 1)
-          except OSError:
-            fds = []
-          if fds:
-            self.supervisor = sandbox.Supervisor(fds[0])
-            poller.register(fds[0], select.POLLIN)
-        elif self.supervisor is not None and fd == self.supervisor.fd:
-          self.supervisor.handle()
-    if not exited:
-      os.waitid(os.P_PIDFD, pidfd, os.WEXITED | os.WNOWAIT)
-    os.close(pidfd)
-    _, wait_status = os.waitpid(self.pid, 0)
+  def read(self, out: TextIO, job_id: str) -> None:
+    data = os.read(self.report_fd, 1 << 16)
+    if not data:
+      self.drained = True
+      return
+    self._buffer += data
+    *lines, self._buffer = self._buffer.split(b"\n")
+    for line in lines:
+      self.line(line, out, job_id)
+
+  def kill(self) -> None:
+    with contextlib.suppress(ProcessLookupError):
+      os.killpg(self.pid, signal.SIGKILL)
+
+  def reap(self) -> dict[str, Any]:
+    if self.wait_status is None:
+      _, self.wait_status = os.waitpid(self.pid, 0)
+    os.close(self.pidfd)
+    os.close(self.report_fd)
     if self.supervisor is not None:
       self.supervisor.close()
-    return wait_status
+    if self.notify is not None:
+      self.notify.close()
+    return _status(self.wait_status)
 
   @property
   def violations(self) -> list[dict[str, str]]:
     return (self.supervisor.violations if self.supervisor else []) + self.forged
+
+
+def _serve_children(children: list[_Child], out: TextIO, job_id: str) -> None:
+  """Serves both children until they exited and their pipes are drained. A child that lingers
+  after the other one is done (the judge finished and the candidate's threads keep its process
+  alive, or the other way round) is killed after a grace period."""
+  poller = select.poll()
+  owner: dict[int, tuple[_Child, str]] = {}
+
+  def watch(child: _Child, fd: int, what: str) -> None:
+    poller.register(fd, select.POLLIN)
+    owner[fd] = (child, what)
+
+  for child in children:
+    watch(child, child.pidfd, "exit")
+    watch(child, child.report_fd, "report")
+    if child.notify is not None:
+      watch(child, child.notify.fileno(), "notify")
+  deadline = None
+  while not all(c.drained and c.exited for c in children):
+    timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+    events = poller.poll(None if timeout is None else int(timeout * 1000))
+    if not events and deadline is not None:
+      for child in children:
+        if not child.exited:
+          child.kill()
+          child.killed = True
+        elif not child.drained:  # exited, but a grandchild still holds the pipe open
+          child.drained = True
+          poller.unregister(child.report_fd)
+      deadline = time.monotonic() + _EXIT_GRACE_S
+      continue
+    for fd, _ in events:
+      child, what = owner[fd]
+      if what == "exit":
+        child.exited = True
+        poller.unregister(fd)
+        _, child.wait_status = os.waitpid(child.pid, 0)
+        deadline = time.monotonic() + _EXIT_GRACE_S
+      elif what == "report":
+        child.read(out, job_id)
+        if child.drained:
+          poller.unregister(fd)
+      elif what == "notify":
+        poller.unregister(fd)
+        try:
+          _, fds, _, _ = socket.recv_fds(child.notify, 1, 1)
+        except OSError:
+          fds = []
+        if fds:
+          child.supervisor = sandbox.Supervisor(fds[0])
+          watch(child, fds[0], "seccomp")
+      elif what == "seccomp":
+        child.supervisor.handle()
 
 
 def _stage_modules(job: dict[str, Any], job_dir: str) -> None:
@@ -225,15 +284,16 @@ def _stage_modules(job: dict[str, Any], job_dir: str) -> None:
 
 
 def serve(device: str, out: TextIO, sandbox_spec: dict[str, Any]) -> None:
-  """Reads jobs from stdin until EOF, one forked child per job.
+  """Reads jobs from stdin until EOF, two forked children per job (`run_job`).
 
   This process must never initialise CUDA (nor call torch.cuda.is_available(), which poisons
   fork on recent torch): every child creates its own context. It also stays single-threaded,
   since fork() copies only the calling thread (and a user namespace needs a single thread).
   """
   import torch  # pylint: disable=import-outside-toplevel
-  from verifier_service import runner  # pylint: disable=import-outside-toplevel
-  runner.prepare_worker()
+  from verifier_service.trusted import judge, verdict  # pylint: disable=import-outside-toplevel,unused-import
+  from verifier_service.untrusted import child  # pylint: disable=import-outside-toplevel
+  child.prepare_worker()
   sandbox_spec = dict(sandbox_spec, read_only=sandbox.default_read_only(
       sandbox_spec.get("read_only", [])))
   threads = len(os.listdir("/proc/self/task")) if os.path.isdir("/proc/self/task") else 1
@@ -246,34 +306,69 @@ def serve(device: str, out: TextIO, sandbox_spec: dict[str, Any]) -> None:
     job = json.loads(line)
     job["device"] = device
     job["sandbox"] = sandbox_spec
-    job_dir = tempfile.mkdtemp(prefix="dice-job-")
-    done: dict[str, Any] = {"type": "done", "job_id": job["job_id"], "result": None}
-    try:
-      _stage_modules(job, job_dir)
-      channel = _fork_job(job, job_dir, out)
-      wait_status = channel.run()
-      done.update(status=_status(wait_status), result=channel.result,
-                  violations=channel.violations)
-    except OSError as e:  # copying the module, forking: the verifier's problem
-      done.update(status={"exit_code": -1, "error": str(e)})
-    done["log_tail"] = _tail(os.path.join(job_dir, "output.log"))
-    _send(out, done)
-    shutil.rmtree(job_dir, ignore_errors=True)
+    _send(out, run_job(job, out))
 
 
-def _fork_job(job: dict[str, Any], job_dir: str, out: TextIO) -> _JobChannel:
+def run_job(job: dict[str, Any], out: TextIO | None = None) -> dict[str, Any]:
+  """Forks the judge and the candidate's process for one job, serves both, merges their reports.
+
+  `job` carries sources, options, modules and the sandbox settings; `out` gets "started" and
+  "phase" messages (None: nobody listens). Returns the "done" message. Also the entry point for a
+  one-off verification without a worker pool (the naive path of benchmarks/verifier_throughput.py).
+  """
+  from verifier_service.trusted import verdict  # pylint: disable=import-outside-toplevel
+  out = out if out is not None else io.StringIO()
+  cand_dir = tempfile.mkdtemp(prefix="dice-job-")
+  judge_dir = tempfile.mkdtemp(prefix="dice-judge-")
+  done: dict[str, Any] = {"type": "done", "job_id": job["job_id"], "result": None}
+  children: list[_Child] = []
+  try:
+    _stage_modules(job, cand_dir)
+    children = _fork_job(job, cand_dir, judge_dir, out)
+    _serve_children(children, out, job["job_id"])
+    judge_side, cand_side = children
+    sides = {}
+    for child, tail_dir in ((judge_side, judge_dir), (cand_side, cand_dir)):
+      status = dict(child.reap(), **({"killed_by_worker": True} if child.killed else {}))
+      sides[child.role] = {"report": child.result, "status": status, "phase": child.phase,
+                           "loading": child.loading,
+                           "log_tail": _tail(os.path.join(tail_dir, "output.log"))}
+    done.update(status={r: s["status"] for r, s in sides.items()}, result=verdict.merge(
+        job["options"], sides[JUDGE], sides[CANDIDATE],
+        judge_side.violations + cand_side.violations))
+  except OSError as e:  # copying the module, forking: the verifier's problem
+    for child in children:
+      child.kill()
+    done.update(status={"exit_code": -1, "error": str(e)})
+  done["log_tail"] = _tail(os.path.join(cand_dir, "output.log"))
+  shutil.rmtree(cand_dir, ignore_errors=True)
+  shutil.rmtree(judge_dir, ignore_errors=True)
+  return done
+
+
+def _fork_job(job: dict[str, Any], cand_dir: str, judge_dir: str, out: TextIO) -> list[_Child]:
+  """Forks the judge, then the candidate's process; returns their worker-side handles."""
   nonce = secrets.token_hex(16)
-  report_r, report_w = os.pipe()
-  notify_parent, notify_child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-  pid = os.fork()
-  if pid == 0:
-    os.close(report_r)
-    notify_parent.close()
-    _child(job, job_dir, nonce, report_w, notify_child)
-  os.close(report_w)
-  notify_child.close()
-  _send(out, {"type": "started", "job_id": job["job_id"], "pid": pid})
-  return _JobChannel(pid, report_r, notify_parent, nonce, job["job_id"], out)
+  judge_end, cand_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+  children = []
+  for role, job_dir, boundary in ((JUDGE, judge_dir, judge_end), (CANDIDATE, cand_dir, cand_end)):
+    report_r, report_w = os.pipe()
+    notify_parent = notify_child = None
+    if role == CANDIDATE:
+      notify_parent, notify_child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    pid = os.fork()
+    if pid == 0:
+      os.close(report_r)
+      _child(role, job, job_dir, nonce, report_w, boundary, notify_child)
+    os.close(report_w)
+    if notify_child is not None:
+      notify_child.close()
+    children.append(_Child(role, pid, report_r, notify_parent, nonce, job_dir))
+  judge_end.close()
+  cand_end.close()
+  _send(out, {"type": "started", "job_id": job["job_id"], "pid": children[1].pid,
+              "pids": [children[1].pid, children[0].pid]})
+  return children
 
 
 def probe(spec: dict[str, Any]) -> dict[str, str]:

@@ -60,6 +60,13 @@ class Exploit(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     HANG: _ClassVar[Exploit]
     CRASH: _ClassVar[Exploit]
     SANDBOX_VIOLATION: _ClassVar[Exploit]
+    DISPATCH_OVERRIDE: _ClassVar[Exploit]
+
+class Policy(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    POLICY_UNSPECIFIED: _ClassVar[Policy]
+    POLICY_DEFAULT: _ClassVar[Policy]
+    POLICY_STRICT: _ClassVar[Policy]
 OUTCOME_UNSPECIFIED: Outcome
 OK: Outcome
 COMPILE_ERROR: Outcome
@@ -102,6 +109,10 @@ IMPLAUSIBLE_SPEEDUP: Exploit
 HANG: Exploit
 CRASH: Exploit
 SANDBOX_VIOLATION: Exploit
+DISPATCH_OVERRIDE: Exploit
+POLICY_UNSPECIFIED: Policy
+POLICY_DEFAULT: Policy
+POLICY_STRICT: Policy
 
 class VerifyRequest(_message.Message):
     __slots__ = ("request_id", "reference_source", "candidate_source", "options")
@@ -116,7 +127,7 @@ class VerifyRequest(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., reference_source: _Optional[str] = ..., candidate_source: _Optional[str] = ..., options: _Optional[_Union[VerifyOptions, _Mapping]] = ...) -> None: ...
 
 class VerifyOptions(_message.Message):
-    __slots__ = ("precision", "num_correctness_trials", "atol", "rtol", "skip_timing", "num_timing_trials", "compile_timeout_s", "run_timeout_s", "seed")
+    __slots__ = ("precision", "num_correctness_trials", "atol", "rtol", "skip_timing", "num_timing_trials", "compile_timeout_s", "run_timeout_s", "seed", "policy", "min_custom_kernel_fraction")
     PRECISION_FIELD_NUMBER: _ClassVar[int]
     NUM_CORRECTNESS_TRIALS_FIELD_NUMBER: _ClassVar[int]
     ATOL_FIELD_NUMBER: _ClassVar[int]
@@ -126,6 +137,8 @@ class VerifyOptions(_message.Message):
     COMPILE_TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
     RUN_TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
+    POLICY_FIELD_NUMBER: _ClassVar[int]
+    MIN_CUSTOM_KERNEL_FRACTION_FIELD_NUMBER: _ClassVar[int]
     precision: Precision
     num_correctness_trials: int
     atol: float
@@ -135,7 +148,9 @@ class VerifyOptions(_message.Message):
     compile_timeout_s: float
     run_timeout_s: float
     seed: int
-    def __init__(self, precision: _Optional[_Union[Precision, str]] = ..., num_correctness_trials: _Optional[int] = ..., atol: _Optional[float] = ..., rtol: _Optional[float] = ..., skip_timing: _Optional[bool] = ..., num_timing_trials: _Optional[int] = ..., compile_timeout_s: _Optional[float] = ..., run_timeout_s: _Optional[float] = ..., seed: _Optional[int] = ...) -> None: ...
+    policy: Policy
+    min_custom_kernel_fraction: float
+    def __init__(self, precision: _Optional[_Union[Precision, str]] = ..., num_correctness_trials: _Optional[int] = ..., atol: _Optional[float] = ..., rtol: _Optional[float] = ..., skip_timing: _Optional[bool] = ..., num_timing_trials: _Optional[int] = ..., compile_timeout_s: _Optional[float] = ..., run_timeout_s: _Optional[float] = ..., seed: _Optional[int] = ..., policy: _Optional[_Union[Policy, str]] = ..., min_custom_kernel_fraction: _Optional[float] = ...) -> None: ...
 
 class CompileResult(_message.Message):
     __slots__ = ("compiled", "log", "log_truncated", "cache_hit", "kernel_names", "exported_functions", "cache_key")
@@ -190,14 +205,20 @@ class RuntimeStats(_message.Message):
     def __init__(self, median_us: _Optional[float] = ..., mean_us: _Optional[float] = ..., min_us: _Optional[float] = ..., max_us: _Optional[float] = ..., p10_us: _Optional[float] = ..., p90_us: _Optional[float] = ..., stddev_us: _Optional[float] = ..., num_trials: _Optional[int] = ...) -> None: ...
 
 class TimingResult(_message.Message):
-    __slots__ = ("reference", "candidate", "speedup")
+    __slots__ = ("reference", "candidate", "speedup", "reference_warm", "candidate_warm", "speedup_warm")
     REFERENCE_FIELD_NUMBER: _ClassVar[int]
     CANDIDATE_FIELD_NUMBER: _ClassVar[int]
     SPEEDUP_FIELD_NUMBER: _ClassVar[int]
+    REFERENCE_WARM_FIELD_NUMBER: _ClassVar[int]
+    CANDIDATE_WARM_FIELD_NUMBER: _ClassVar[int]
+    SPEEDUP_WARM_FIELD_NUMBER: _ClassVar[int]
     reference: RuntimeStats
     candidate: RuntimeStats
     speedup: float
-    def __init__(self, reference: _Optional[_Union[RuntimeStats, _Mapping]] = ..., candidate: _Optional[_Union[RuntimeStats, _Mapping]] = ..., speedup: _Optional[float] = ...) -> None: ...
+    reference_warm: RuntimeStats
+    candidate_warm: RuntimeStats
+    speedup_warm: float
+    def __init__(self, reference: _Optional[_Union[RuntimeStats, _Mapping]] = ..., candidate: _Optional[_Union[RuntimeStats, _Mapping]] = ..., speedup: _Optional[float] = ..., reference_warm: _Optional[_Union[RuntimeStats, _Mapping]] = ..., candidate_warm: _Optional[_Union[RuntimeStats, _Mapping]] = ..., speedup_warm: _Optional[float] = ...) -> None: ...
 
 class StageTiming(_message.Message):
     __slots__ = ("stage", "duration_s")
@@ -238,7 +259,7 @@ class Environment(_message.Message):
     def __init__(self, gpu_name: _Optional[str] = ..., driver_version: _Optional[str] = ..., cuda_runtime_version: _Optional[str] = ..., nvcc_version: _Optional[str] = ..., torch_version: _Optional[str] = ..., gpu_arch: _Optional[str] = ..., python_version: _Optional[str] = ..., server_version: _Optional[str] = ..., hostname: _Optional[str] = ...) -> None: ...
 
 class Verdict(_message.Message):
-    __slots__ = ("request_id", "outcome", "stage", "message", "compile", "trials", "timing", "stage_timings", "environment", "exploits", "launched_kernels", "attempts", "total_s", "custom_kernel_time_fraction", "forward_ops")
+    __slots__ = ("request_id", "outcome", "stage", "message", "compile", "trials", "timing", "stage_timings", "environment", "exploits", "launched_kernels", "attempts", "total_s", "custom_kernel_time_fraction", "forward_ops", "policy")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     OUTCOME_FIELD_NUMBER: _ClassVar[int]
     STAGE_FIELD_NUMBER: _ClassVar[int]
@@ -254,6 +275,7 @@ class Verdict(_message.Message):
     TOTAL_S_FIELD_NUMBER: _ClassVar[int]
     CUSTOM_KERNEL_TIME_FRACTION_FIELD_NUMBER: _ClassVar[int]
     FORWARD_OPS_FIELD_NUMBER: _ClassVar[int]
+    POLICY_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     outcome: Outcome
     stage: Stage
@@ -269,7 +291,8 @@ class Verdict(_message.Message):
     total_s: float
     custom_kernel_time_fraction: float
     forward_ops: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, request_id: _Optional[str] = ..., outcome: _Optional[_Union[Outcome, str]] = ..., stage: _Optional[_Union[Stage, str]] = ..., message: _Optional[str] = ..., compile: _Optional[_Union[CompileResult, _Mapping]] = ..., trials: _Optional[_Iterable[_Union[TrialResult, _Mapping]]] = ..., timing: _Optional[_Union[TimingResult, _Mapping]] = ..., stage_timings: _Optional[_Iterable[_Union[StageTiming, _Mapping]]] = ..., environment: _Optional[_Union[Environment, _Mapping]] = ..., exploits: _Optional[_Iterable[_Union[ExploitFinding, _Mapping]]] = ..., launched_kernels: _Optional[_Iterable[str]] = ..., attempts: _Optional[int] = ..., total_s: _Optional[float] = ..., custom_kernel_time_fraction: _Optional[float] = ..., forward_ops: _Optional[_Iterable[str]] = ...) -> None: ...
+    policy: Policy
+    def __init__(self, request_id: _Optional[str] = ..., outcome: _Optional[_Union[Outcome, str]] = ..., stage: _Optional[_Union[Stage, str]] = ..., message: _Optional[str] = ..., compile: _Optional[_Union[CompileResult, _Mapping]] = ..., trials: _Optional[_Iterable[_Union[TrialResult, _Mapping]]] = ..., timing: _Optional[_Union[TimingResult, _Mapping]] = ..., stage_timings: _Optional[_Iterable[_Union[StageTiming, _Mapping]]] = ..., environment: _Optional[_Union[Environment, _Mapping]] = ..., exploits: _Optional[_Iterable[_Union[ExploitFinding, _Mapping]]] = ..., launched_kernels: _Optional[_Iterable[str]] = ..., attempts: _Optional[int] = ..., total_s: _Optional[float] = ..., custom_kernel_time_fraction: _Optional[float] = ..., forward_ops: _Optional[_Iterable[str]] = ..., policy: _Optional[_Union[Policy, str]] = ...) -> None: ...
 
 class GetInfoRequest(_message.Message):
     __slots__ = ()

@@ -1,11 +1,9 @@
-"""Observers that run beside candidate code in the job child and record what it does.
+"""Observers that run beside candidate code in its process and record what it does.
 
-Each returns findings as (Exploit name, evidence) pairs; `exploits.py` decides the outcome.
+Each returns findings as (Exploit name, evidence) pairs: evidence the worker weighs
+(`exploits.py`, `policy.py`); nothing here decides a verdict. What torch computed in forward is
+recorded by `ops.OpRecorder` (shared with the judge, which records the reference's ops).
 
-- `OpRecorder`: a TorchDispatchMode active during every ModelNew.forward of the correctness trials.
-  It sees every ATen op the forward runs, from Python and from the candidate's own C++ (an
-  extension that calls `at::matmul` dispatches through it too). Ops outside `GLUE_OPS` compute
-  values, so torch rather than the candidate's kernels did that work: TORCH_FALLBACK.
 - `ForwardTracer`: a `sys.settrace` hook over the same calls: frames of the reference's code during
   ModelNew.forward (INHERITS_REFERENCE), and exceptions raised in the candidate's frames that
   forward swallowed (TRY_EXCEPT_FALLBACK).
@@ -14,11 +12,6 @@ Each returns findings as (Exploit name, evidence) pairs; `exploits.py` decides t
   and MONKEY_PATCH for reading the verifier's frames or the garbage collector's object lists.
 - `StateGuard`: identity snapshot of torch's, time's, builtins' and the verifier's functions and
   classes plus torch's global numeric settings, compared at every checkpoint: MONKEY_PATCH.
-
-The glue allow-list is the principle, not a list of exploits: ModelNew.forward may use torch to
-allocate, reshape/view, copy or cast (including `.contiguous()`), concatenate and read scalars.
-Anything that computes values (arithmetic, reductions, matmul/conv, activations, normalisation,
-indexing/gather, sorting, random numbers) must be the candidate's own kernel.
 """
 
 from __future__ import annotations
@@ -34,47 +27,6 @@ from typing import Any, Iterable
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-
-GLUE_OPS = frozenset("""
-empty empty_like empty_strided new_empty new_empty_strided zeros zeros_like new_zeros ones
-ones_like new_ones full full_like new_full scalar_tensor zero_ fill_ arange lift_fresh
-lift_fresh_copy resize_ set_ _to_copy to copy_ _copy_from _copy_from_and_resize clone contiguous
-detach detach_ alias view _unsafe_view reshape _reshape_alias as_strided expand expand_as permute
-transpose t numpy_T squeeze squeeze_ unsqueeze unsqueeze_ flatten unflatten select slice narrow
-split split_with_sizes unsafe_split chunk unbind view_as movedim swapaxes diagonal unfold
-view_as_real view_as_complex cat stack hstack vstack constant_pad_nd _local_scalar_dense
-is_nonzero record_stream _pin_memory sym_size sym_stride sym_numel sym_storage_offset dim size
-stride is_contiguous result_type _has_compatible_shallow_copy_type
-""".split())
-# Namespaces whose ops are library compute, not the candidate's own (TORCH_LIBRARY) ops.
-LIBRARY_NAMESPACES = frozenset({"aten", "prims", "torchvision", "quantized", "_quantized",
-                                "mkldnn", "cudnn", "_c10d_functional", "c10d"})
-
-
-def op_is_glue(name: str) -> bool:
-  """`name` is "namespace::op"; candidate-defined namespaces count as the candidate's own."""
-  namespace, _, op = name.partition("::")
-  return namespace not in LIBRARY_NAMESPACES or op in GLUE_OPS
-
-
-class OpRecorder(TorchDispatchMode):
-  """Counts every dispatched op ("aten::addmm") while active."""
-
-  def __init__(self) -> None:
-    super().__init__()
-    self.counts: collections.Counter[str] = collections.Counter()
-
-  def __torch_dispatch__(self, func, types_, args=(), kwargs=None):  # pylint: disable=arguments-renamed
-    packet = func.overloadpacket
-    self.counts[f"{func.namespace}::{packet.__name__}"] += 1
-    return func(*args, **(kwargs or {}))
-
-  def summary(self) -> list[str]:
-    return [f"{name} x{n}" for name, n in sorted(self.counts.items())]
-
-  def compute_ops(self) -> list[str]:
-    return [f"{name} x{n}" for name, n in sorted(self.counts.items()) if not op_is_glue(name)]
-
 
 _IGNORED_EXCEPTIONS = (StopIteration, StopAsyncIteration, GeneratorExit)
 

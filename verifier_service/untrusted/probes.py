@@ -1,8 +1,8 @@
-"""Extra calls of ModelNew, outside the correctness trials, that expose what the trials cannot.
+"""Extra calls of ModelNew in the candidate's process, outside the correctness trials.
 
-- `caching_probe`: two calls on the SAME input tensors whose values are replaced in place between
-  them (same objects, same addresses, new contents): a result cached by tensor identity, address
-  or shape comes back stale (OUTPUT_CACHING).
+(The caching probe, two calls on the same input tensors with their values replaced in between,
+is driven by the judge, which compares both outputs with its own reference: trusted/judge.py.)
+
 - `aftermath_probe`: the output is copied the moment forward returns (after synchronising only the
   current stream, which is all a naive timer waits for), then compared with itself after the whole
   device has synchronised and 50 ms have passed. If it changed, work continued after forward
@@ -10,8 +10,9 @@
   OS threads started since the trusted setup that keep burning CPU after it, are SIDE_STREAM too.
 - `kernel_profile` (GPU): which CUDA kernels one forward launched, and the share of kernel time in
   the candidate's own kernels versus library kernels (cuBLAS/cuDNN/torch/Triton). Copies, fills
-  and memsets count as neither. Library kernels doing most of the work is TORCH_FALLBACK even when
-  the extension calls them from C++ without going through torch's dispatcher.
+  and memsets count as neither; library kernels are seen even when
+  the extension calls them from C++ without going through torch's dispatcher. What that share
+  means for the verdict is the policy's call (policy.py), on the trusted side.
 """
 
 from __future__ import annotations
@@ -22,72 +23,22 @@ from typing import Any, Callable
 
 import torch
 
-from verifier_service import correctness
-from verifier_service import guards
+from verifier_service import problem
+from verifier_service.untrusted import guards
 
 GLUE_KERNEL_RE = re.compile(r"memcpy|memset|copy|fill|CatArray", re.IGNORECASE)
-MIN_OWN_SHARE = 0.5
-
-
-def _tensors(tree: Any) -> list[torch.Tensor]:
-  return [t for t in correctness.flatten(tree) if isinstance(t, torch.Tensor)]
-
-
-def same_values(a: Any, b: Any) -> bool:
-  """Exact equality of two output trees (NaN equals NaN)."""
-  left, right = correctness.flatten(a), correctness.flatten(b)
-  if len(left) != len(right):
-    return False
-  for x, y in zip(left, right):
-    if isinstance(x, torch.Tensor) != isinstance(y, torch.Tensor):
-      return False
-    if not isinstance(x, torch.Tensor):
-      continue
-    if x.shape != y.shape or x.dtype != y.dtype:
-      return False
-    if x.is_floating_point() or x.is_complex():
-      same = (x == y) | (torch.isnan(x) & torch.isnan(y))
-      if not bool(same.all()):
-        return False
-    elif not torch.equal(x, y):
-      return False
-  return True
-
-
-def caching_probe(candidate: Callable[..., Any], reference: Callable[..., Any],
-                  inputs_a: Any, inputs_b: Any, atol: float, rtol: float,
-                  sync: Callable[[], None]) -> list[tuple[str, str]]:
-  """Call, change the inputs' values in place, call again: the second output must follow."""
-  held = correctness.clone_tree(inputs_a)
-  with torch.no_grad():
-    first = correctness.clone_tree(candidate(*held))
-    sync()
-    for dst, src in zip(_tensors(held), _tensors(inputs_b)):
-      dst.copy_(src)
-    second = correctness.clone_tree(candidate(*held))
-    sync()
-    expect_a = reference(*correctness.clone_tree(inputs_a))
-    expect_b = reference(*correctness.clone_tree(inputs_b))
-    sync()
-  ok_a = correctness.compare(expect_a, first, atol, rtol)[0]
-  ok_b = correctness.compare(expect_b, second, atol, rtol)[0]
-  if ok_a and not ok_b and not same_values(expect_a, expect_b):
-    stale = same_values(first, second)
-    return [("OUTPUT_CACHING", "second call on the same input tensors with new values returned "
-             + ("the first call's output" if stale else "an output that does not follow them"))]
-  return []
 
 
 def aftermath_probe(candidate: Callable[..., Any], inputs: Any, device: torch.device,
                     baseline_tids: set[int]) -> list[tuple[str, str]]:
   """Work that continues after forward returns: side streams and threads."""
   found = []
-  held = correctness.clone_tree(inputs)
+  held = problem.clone_tree(inputs)
   with torch.no_grad():
     out = candidate(*held)
     if device.type == "cuda":
       torch.cuda.current_stream().synchronize()
-    early = correctness.clone_tree(out)
+    early = problem.clone_tree(out)
     if device.type == "cuda":
       torch.cuda.current_stream().synchronize()
     times_before = guards.os_thread_times()
@@ -95,7 +46,7 @@ def aftermath_probe(candidate: Callable[..., Any], inputs: Any, device: torch.de
     if device.type == "cuda":
       torch.cuda.synchronize()
     times_after = guards.os_thread_times()
-  if not same_values(early, out):
+  if not _same(early, out):
     found.append(("SIDE_STREAM", "the output kept changing after forward returned (work on a "
                   "side stream or thread that a current-stream timer would not see)"))
   names = guards.python_threads()
@@ -134,11 +85,15 @@ def kernel_profile(run: Callable[[], Any], kernel_names: list[str]) -> dict[str,
   return {"launched": launched, "own_share": share, "library": top, "note": ""}
 
 
-def profile_findings(profile: dict[str, Any]) -> list[tuple[str, str]]:
-  if profile.get("note") or not profile["launched"]:
-    return []
-  if profile["own_share"] < MIN_OWN_SHARE and profile["library"]:
-    names = ", ".join(f"{n[:80]} ({d:.1f} us)" for n, d in profile["library"])
-    return [("TORCH_FALLBACK", f"kernels the candidate did not write did "
-             f"{100 * (1 - profile['own_share']):.0f}% of the GPU work: {names}")]
-  return []
+def _same(a: Any, b: Any) -> bool:
+  """Exact equality (NaN equals NaN) of two output trees, here only to see an output change."""
+  left, right = problem.flatten(a), problem.flatten(b)
+  if len(left) != len(right):
+    return False
+  for x, y in zip(left, right):
+    if isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor):
+      if x.shape != y.shape or not bool(((x == y) | (x != x) & (y != y)).all()):
+        return False
+    elif x is not y and x != y:
+      return False
+  return True

@@ -1,0 +1,376 @@
+"""The judge: the trusted side of one job. It never loads candidate code.
+
+Forked by the worker beside the candidate's process (untrusted/child.py). It is sandboxed too (the
+reference is request-supplied code), but on its own: the candidate's process cannot signal, trace
+or read it (seccomp, separate Landlock domains) and shares no memory with it, only a socket.
+
+In order:
+1. Trusted setup (CUDA), sandbox.
+2. The reference is executed, built with the job's seed and run once: its output layout
+   (structure, dtype, shape, device), fixed before the candidate runs; the byte sizes the
+   candidate's allocator is primed with; the ops it computes (for the policy). A reference that
+   fails is BAD_REFERENCE before the candidate is ever imported.
+3. It drives the candidate's process (commands in child.py):
+   - correctness: per trial seed it regenerates the inputs itself, runs the reference on them,
+     reads the candidate's outputs and inputs-after-the-call as bytes (wire.py) and compares them
+     (compare.py; mutation: the candidate's inputs after its call against the reference's);
+   - probes: caching (two calls on the same tensors with new values, both compared here),
+     aftermath and kernel profile (the candidate's process reports those);
+   - timing (timing.py): one call at a time, the reference here and the candidate there,
+     alternating who goes first, every call on fresh input values (the same rolls on both sides).
+     After each call the judge decides, by a secret random draw, whether to read that call's
+     output back and compare it with its own for the same values (OUTPUT_CACHING; SIDE_STREAM
+     when it was right only later), within a byte budget.
+4. It reports to the worker: trials, timing, its own findings, the reference's ops, and where the
+   candidate's side stopped if it did. The worker merges that with the candidate's report and
+   both exit statuses (trusted/verdict.py).
+
+Whatever the candidate's side sends that does not parse, is too large, contradicts the layout or
+never arrives ends the run as the candidate's failure; the judge never raises for it.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import secrets
+import sys
+import time
+from typing import Any, Callable
+
+import torch
+
+from verifier_service import ops
+from verifier_service import policy
+from verifier_service import problem
+from verifier_service import timing
+from verifier_service import wire
+from verifier_service.trusted import compare
+
+VERIFY_BUDGET_BYTES = 128 << 20  # timed outputs read back per side per job
+MIN_VERIFIED_CALLS = 4
+
+
+class Ended(Exception):
+  """Ends the judge's run with an outcome (None: the candidate's side decides, see verdict.py).
+
+  `candidate` says why the candidate's side ended it; `in_step` is False when the socket can no
+  longer be trusted to carry a command (the other side broke the protocol or went away).
+  """
+
+  def __init__(self, outcome: str | None, message: str, candidate: str = "",
+               in_step: bool = True):
+    super().__init__(message)
+    self.outcome, self.message, self.candidate, self.in_step = (outcome, message, candidate,
+                                                                in_step)
+
+
+class Judge:
+  """One job, seen from the trusted side."""
+
+  def __init__(self, job: dict[str, Any], chan: wire.Channel,
+               emit: Callable[[dict[str, Any]], None]):
+    self.job, self.chan, self.emit = job, chan, emit
+    self.device = torch.device(job["device"])
+    self.opts = job["options"]
+    precision = self.opts["precision"]
+    self.dtype = None if precision == "FP32" else problem.DTYPES[precision]
+    self.seed = self.opts["seed"]
+    self.atol = self.opts["atol"] or problem.DEFAULT_TOLERANCE[precision]
+    self.rtol = self.opts["rtol"] or problem.DEFAULT_TOLERANCE[precision]
+    self.result: dict[str, Any] = {"stage_timings": [], "trials": [], "findings": [],
+                                   "stage": "STAGE_LOAD"}
+    self._started = time.monotonic()
+    self.get_inputs = self.reference = None
+    self.spec: list[dict[str, Any]] = []
+    self.ref_aliases_inputs = False
+    self.input_bytes = 0  # the largest inputs of a trial so far
+
+  # ------------------------------------------------------------------ plumbing
+
+  def enter(self, stage: str) -> None:
+    now = time.monotonic()
+    self.result["stage_timings"].append({"stage": self.result["stage"],
+                                         "duration_s": now - self._started})
+    self.result["stage"], self._started = stage, now
+    self.emit({"phase": stage})
+
+  def sync(self) -> None:
+    if self.device.type == "cuda":
+      torch.cuda.synchronize()
+
+  def tell(self, header: dict[str, Any]) -> None:
+    try:
+      self.chan.send(header)
+    except OSError as e:
+      raise Ended(None, "", f"the candidate's process stopped listening ({e})", False) from e
+
+  def ask(self, header: dict[str, Any], max_payload: int = 0) -> tuple[dict[str, Any], bytearray]:
+    """One command and its answer; the candidate's side failing to answer ends the run."""
+    self.tell(header)
+    try:
+      reply, payload = self.chan.recv(max_payload)
+    except (wire.ProtocolError, OSError) as e:
+      raise Ended(None, "", f"no valid answer to {header['op']!r}: {e}", False) from e
+    if reply.get("op") != header["op"]:
+      raise Ended(None, "", f"answered {str(reply.get('op'))[:40]!r} to {header['op']!r}", False)
+    if reply.get("stop"):
+      raise Ended(None, "", f"its process reported a rejecting finding at {header['op']!r}")
+    return reply, payload
+
+  def decode(self, expected: list[dict[str, Any]], declared: Any,
+             payload: memoryview) -> tuple[list[Any] | None, str, list[tuple[str, str]]]:
+    try:
+      return wire.decode(expected, declared, payload, self.device)
+    except wire.ProtocolError as e:
+      raise Ended(None, "", f"sent malformed output bytes: {e}", False) from e
+
+  # ------------------------------------------------------------------ stages
+
+  def load_reference(self) -> None:
+    try:
+      ref = problem.exec_module("dice_reference", self.job["reference_source"],
+                                problem.REFERENCE_FILE)
+      sys.modules.pop("dice_reference", None)
+      self.get_inputs = ref.get_inputs
+      reference = problem.build(ref.Model, ref.get_init_inputs, self.seed, self.device)
+      reference = reference.to(self.device)
+      self.reference = reference.to(self.dtype) if self.dtype else reference
+      args = problem.inputs(self.get_inputs, self.seed, self.device, self.dtype)
+      recorder = ops.OpRecorder()
+      with torch.no_grad(), recorder:
+        out = self.reference(*args)
+      self.sync()
+    except Exception as e:  # pylint: disable=broad-except
+      raise Ended("BAD_REFERENCE", f"reference failed to load or run: {type(e).__name__}: "
+                  f"{e}") from e
+    self.spec = wire.spec(out)
+    self.ref_aliases_inputs = problem.overlap(problem.spans(out), problem.spans(args))
+    self.result["reference_ops"] = sorted(recorder.counts)
+    self.tell({"op": "meta", "sizes": problem.output_sizes(out),
+               "reference_ops": self.result["reference_ops"]})
+
+  def run_reference(self, args: Any) -> Any:
+    try:
+      with torch.no_grad():
+        out = self.reference(*args)
+      self.sync()
+      return out
+    except Exception as e:  # pylint: disable=broad-except
+      raise Ended("BAD_REFERENCE", f"reference forward raised {type(e).__name__}: {e}") from e
+
+  def trial(self, seed: int) -> dict[str, Any]:
+    try:
+      args = problem.inputs(self.get_inputs, seed, self.device, self.dtype)
+    except Exception as e:  # pylint: disable=broad-except
+      raise Ended("BAD_REFERENCE", f"get_inputs() raised {type(e).__name__}: {e}") from e
+    in_spec = wire.spec(args)
+    self.input_bytes = max(self.input_bytes, wire.payload_bytes(in_spec))
+    self.tell({"op": "trial", "seed": seed})  # the candidate computes while the reference does
+    ref_out = self.run_reference(args)
+    try:
+      reply, payload = self.chan.recv(wire.payload_bytes(self.spec) + wire.payload_bytes(in_spec))
+    except (wire.ProtocolError, OSError) as e:
+      raise Ended(None, "", f"no valid answer to 'trial': {e}", False) from e
+    if reply.get("op") != "trial":
+      raise Ended(None, "", f"answered {str(reply.get('op'))[:40]!r} to 'trial'", False)
+    if reply.get("stop"):
+      raise Ended(None, "", "its process reported a rejecting finding at 'trial'")
+    view = memoryview(payload)
+    split = wire.payload_bytes(self.spec)
+    outputs, why, found = self.decode(self.spec, reply.get("outputs"), view[:split])
+    inputs_after, _, _ = self.decode(in_spec, reply.get("inputs"), view[split:])
+    record = {"seed": seed, "passed": False, "max_abs_error": math.inf, "max_rel_error": math.inf,
+              "message": why}
+    if outputs is not None:
+      ok, max_abs, max_rel, why, found = compare.compare(ref_out, outputs, self.atol, self.rtol)
+      record.update(passed=ok, max_abs_error=max_abs, max_rel_error=max_rel, message=why)
+    self.result["findings"] += found
+    same = inputs_after is not None and compare.compare(
+        problem.flatten(args), inputs_after, self.atol, self.rtol, what="input")[0]
+    if not same:
+      why = "ModelNew modified its inputs" if inputs_after is not None else "inputs unreadable"
+      self.result["findings"].append(("INPUT_MUTATION", f"{why} (trial seed {seed})"))
+      if record["passed"]:
+        record.update(passed=False, message=f"{why}")
+    elif reply.get("aliases_inputs") is True and not self.ref_aliases_inputs:
+      self.result["findings"].append(("OUTPUT_REUSE", "returned memory of its own inputs; the "
+                                      "reference does not"))
+    return record
+
+  def correctness(self) -> None:
+    self.enter("STAGE_CORRECTNESS")
+    for seed in problem.trial_seeds(self.seed, self.opts["num_correctness_trials"]):
+      record = self.trial(seed)
+      self.result["trials"].append(record)
+      if not record["passed"]:
+        raise Ended("INCORRECT", f"trial {len(self.result['trials'])} (seed {seed}): "
+                    f"{record['message']}")
+
+  def probes(self) -> None:
+    seed_a, seed_b = self.seed + 1, self.seed + 2
+    expect_a = self.run_reference(problem.inputs(self.get_inputs, seed_a, self.device, self.dtype))
+    expect_b = self.run_reference(problem.inputs(self.get_inputs, seed_b, self.device, self.dtype))
+    n = wire.payload_bytes(self.spec)
+    reply, payload = self.ask({"op": "repeat", "seed_a": seed_a, "seed_b": seed_b}, 2 * n)
+    view = memoryview(payload)
+    first, _, _ = self.decode(self.spec, reply.get("first"), view[:n])
+    second, _, _ = self.decode(self.spec, reply.get("second"), view[n:])
+    ok = lambda expect, got: got is not None and compare.compare(
+        expect, got, self.atol, self.rtol)[0]
+    if ok(expect_a, first) and not ok(expect_b, second) and not compare.same_values(
+        expect_a, expect_b):
+      stale = second is not None and compare.same_values(first, second)
+      self.result["findings"].append((
+          "OUTPUT_CACHING", "second call on the same input tensors with new values returned " +
+          ("the first call's output" if stale else "an output that does not follow them")))
+    self.ask({"op": "aftermath", "seed": seed_a})
+    reply, _ = self.ask({"op": "profile", "seed": seed_a})
+    evidence = reply.get("evidence") if isinstance(reply.get("evidence"), dict) else {}
+    if policy.findings(self.opts["policy"], self.opts["min_custom_kernel_fraction"], evidence,
+                       self.result["reference_ops"]):
+      raise Ended(None, "", "the policy rejects the work split it reported")  # no timing needed
+
+  # ------------------------------------------------------------------ timing
+
+  def timing_checks(self, base: Any) -> tuple[bool, bool]:
+    """(roll inputs per call, verify timed outputs), decided on the reference alone.
+
+    Rolling keeps every input's values (indices stay valid) but moves them, so a result cached by
+    content is stale. It is off when the reference turns non-finite on rolled inputs (inputs with
+    structure, like a symmetric matrix). Verification is off when the reference itself does not
+    repeat (dropout in training mode, nondeterministic atomics).
+    """
+    first = problem.clone_tree(self.run_reference(problem.clone_tree(base)))
+    again = self.run_reference(problem.clone_tree(base))
+    verify = compare.compare(first, again, self.atol, self.rtol)[0]
+    finite = lambda tree: all(bool(torch.isfinite(t).all()) for t in problem.tensors(tree)
+                              if t.is_floating_point())
+    try:
+      with torch.no_grad():
+        rolled = self.reference(*problem.roll(problem.clone_tree(base), 12345))
+      rolling = finite(rolled) or not finite(first)
+    except Exception:  # pylint: disable=broad-except
+      rolling = False
+    return rolling, verify
+
+  def check_timed_output(self, call: int, expect: Any) -> None:
+    tol = (10 * self.atol, 10 * self.rtol)
+    n = wire.payload_bytes(self.spec)
+    reply, payload = self.ask({"op": "output", "when": "early"}, n)
+    early, _, _ = self.decode(self.spec, reply.get("outputs"), memoryview(payload))
+    if early is not None and compare.compare(expect, early, *tol)[0]:
+      return
+    reply, payload = self.ask({"op": "output", "when": "late"}, n)
+    late, _, _ = self.decode(self.spec, reply.get("outputs"), memoryview(payload))
+    kind = "SIDE_STREAM" if late is not None and compare.compare(expect, late, *tol)[0] else (
+        "OUTPUT_CACHING")
+    self.result["findings"].append((kind, f"timed call {call}: output did not match the "
+                                    "reference for that call's inputs when the timer stopped"))
+
+  def time_both(self) -> None:
+    self.enter("STAGE_TIMING")
+    base = problem.inputs(self.get_inputs, self.seed + 1, self.device, self.dtype)
+    rolling, verify = self.timing_checks(base)
+    buf = problem.clone_tree(base)
+    timer = timing.Timer(self.device)
+    self.ask({"op": "warmup", "seed": self.seed + 1})
+    for _ in range(timing.WARMUP_CALLS):
+      self.run_reference(buf)
+    trials = self.opts["num_timing_trials"]
+    shifts = random.Random(self.seed)
+    calls = 2 * trials
+    per_call = max(1, wire.payload_bytes(self.spec))
+    budget = max(MIN_VERIFIED_CALLS, VERIFY_BUDGET_BYTES // per_call)
+    chosen = set(random.Random(secrets.randbits(64)).sample(range(calls), min(calls, budget))
+                 ) if verify else set()
+    samples: dict[str, list[float]] = {"ref": [], "cand": [], "ref_warm": [], "cand_warm": []}
+    for i in range(trials):
+      for cold in (True, False):
+        call = 2 * i + (0 if cold else 1)
+        shift = shifts.randrange(1, 1 << 30) if rolling else 0
+        kept = None
+        for side in (("ref", "cand") if i % 2 == 0 else ("cand", "ref")):
+          key = side + ("" if cold else "_warm")
+          if side == "ref":
+            problem.copy_into(buf, problem.roll(base, shift))
+            try:
+              with torch.no_grad():
+                elapsed, out = timer(lambda: self.reference(*buf), cold)
+            except Exception as e:  # pylint: disable=broad-except
+              raise Ended("BAD_REFERENCE", f"reference raised while timed: {e}") from e
+            kept = problem.clone_tree(out) if call in chosen else None
+          else:
+            reply, _ = self.ask({"op": "time", "shift": shift, "cold": cold})
+            elapsed = reply.get("us")
+            if not isinstance(elapsed, (int, float)) or not math.isfinite(elapsed) or elapsed < 0:
+              raise Ended(None, "", f"reported an invalid time {str(elapsed)[:40]}", False)
+          samples[key].append(float(elapsed))
+        if kept is not None and not any(k in ("OUTPUT_CACHING", "SIDE_STREAM")
+                                        for k, _ in self.result["findings"]):
+          self.check_timed_output(call, kept)
+    ref, cand = timing.stats(samples["ref"]), timing.stats(samples["cand"])
+    ref_w, cand_w = timing.stats(samples["ref_warm"]), timing.stats(samples["cand_warm"])
+    self.result["timing"] = {
+        "reference": ref, "candidate": cand,
+        "speedup": ref["median_us"] / max(cand["median_us"], 1e-9),
+        "reference_warm": ref_w, "candidate_warm": cand_w,
+        "speedup_warm": ref_w["median_us"] / max(cand_w["median_us"], 1e-9)}
+
+
+def _setup(device: torch.device, fraction: float) -> dict[str, str]:
+  torch.set_num_threads(1)
+  if device.type != "cuda":
+    return {}
+  torch.cuda.init()
+  torch.zeros(1, device=device)
+  if 0.0 < fraction < 1.0:
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    torch.cuda.set_per_process_memory_fraction(fraction, index)
+  props = torch.cuda.get_device_properties(device)
+  return {"gpu_name": props.name, "gpu_arch": f"sm_{props.major}{props.minor}"}
+
+
+def _finish(chan: wire.Channel, largest: int) -> None:
+  """Lets the candidate's side make its final checks, report and exit, skipping an answer still
+  in flight (a trial the judge stopped waiting for, at most `largest` bytes)."""
+  try:
+    chan.send({"op": "finish"})
+    for _ in range(3):
+      reply, _ = chan.recv(largest)
+      if reply.get("op") == "finish":
+        return
+  except (wire.ProtocolError, OSError):
+    pass
+
+
+def run(job: dict[str, Any], chan: wire.Channel, emit: Callable[[dict[str, Any]], None],
+        lock_down: Callable[[], dict[str, str]]) -> dict[str, Any]:
+  """The trusted side of one job; returns the judge's report for the worker."""
+  judge = Judge(job, chan, emit)
+  result = judge.result
+  emit({"phase": "STAGE_LOAD"})
+  try:
+    try:
+      fraction = job.get("sandbox", {}).get("judge_gpu_memory_fraction", 0.0)
+      result["environment"] = _setup(judge.device, fraction)
+      lock_down()
+    except Exception as e:  # pylint: disable=broad-except
+      raise Ended("INFRA_ERROR", f"judge setup failed: {type(e).__name__}: {e}") from e
+    judge.load_reference()
+    judge.ask({"op": "load"})
+    judge.correctness()
+    judge.probes()
+    if not judge.opts["skip_timing"]:
+      judge.time_both()
+    judge.ask({"op": "finish"})
+    judge.enter("STAGE_DONE")
+    result.update(outcome="OK", stage="STAGE_DONE")
+  except Ended as e:
+    result.update(outcome=e.outcome, message=e.message, candidate_ended=e.candidate)
+    if e.in_step:
+      _finish(chan, 2 * wire.payload_bytes(judge.spec) + judge.input_bytes)
+  result["stage_timings"].append({"stage": result["stage"],
+                                  "duration_s": time.monotonic() - judge._started})  # pylint: disable=protected-access
+  result["findings"] = [list(f) for f in result["findings"]]
+  return result

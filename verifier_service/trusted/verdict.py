@@ -1,0 +1,153 @@
+"""One verdict from the two sides of a job: the judge's report, the candidate's report, their exits.
+
+Runs in the worker (trusted; it never executes candidate code). The judge's report is trusted:
+trials, timing, the reference's ops, its own findings. The candidate's report is evidence the
+candidate may have withheld or bent, never a way to an OK: an OK needs the judge to have finished
+every stage and the candidate's process to have reported. Failures are attributed:
+
+  judge without a report (it never runs candidate code)          INFRA_ERROR (retried once)
+  judge: BAD_REFERENCE / INFRA_ERROR                             that
+  candidate's process failed before candidate code was loaded    INFRA_ERROR
+  candidate's process killed by SIGXCPU / SIGXFSZ                RUNTIME_ERROR, RESOURCE_EXHAUSTION
+  ... by SIGKILL (not the verifier: the kernel's OOM killer)     RUNTIME_ERROR, RESOURCE_EXHAUSTION
+  ... by SIGSYS (seccomp)                                        RUNTIME_ERROR, SANDBOX_VIOLATION
+  ... by another signal                                          RUNTIME_ERROR, CRASH, with the log
+  ... exited without a report once loaded                        RUNTIME_ERROR, CRASH
+  ... reported an error (its raise, or verifier code it broke)   that (RUNTIME_ERROR)
+  judge: INCORRECT                                               INCORRECT
+  judge: the candidate's side stopped answering or answered nonsense   RUNTIME_ERROR
+Then the exploit findings of both sides, the seccomp supervisor's and the partial-replacement
+policy's (policy.py) go to `exploits.apply_policy`, which REJECTS clear hacks whatever the run
+ended in. Timeouts are the pool's to classify (it kills both processes).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dice.verifier.v1 import verifier_pb2 as pb
+
+from verifier_service import exploits
+from verifier_service import policy
+
+PLAUSIBLE_SPEEDUP = 100.0
+_SIGNAL_CAUSES = {
+    "SIGXCPU": ("RESOURCE_EXHAUSTION", "CPU time limit (RLIMIT_CPU) exceeded"),
+    "SIGXFSZ": ("RESOURCE_EXHAUSTION", "file size limit (RLIMIT_FSIZE) exceeded"),
+    "SIGKILL": ("RESOURCE_EXHAUSTION", "killed by SIGKILL, not by the verifier: the kernel's "
+                "out-of-memory killer"),
+    "SIGSYS": ("SANDBOX_VIOLATION", "killed by seccomp (SIGSYS)"),
+}
+
+
+def _tail(text: str) -> str:
+  fatal = text.find("Fatal Python error")
+  return (text[fatal:fatal + 600] if fatal >= 0 else text[-600:]).strip()
+
+
+def _candidate_failure(cand: dict[str, Any], stage: str) -> tuple[str, str, list] | None:
+  """(outcome, message, findings) when the candidate's process ended the run, else None."""
+  report, status = cand.get("report"), cand.get("status", {})
+  if not report:
+    if not cand.get("loading"):
+      return "INFRA_ERROR", (f"the candidate's process failed before the candidate was loaded "
+                             f"({status}): {_tail(cand.get('log_tail', ''))}"), []
+    if status.get("killed_by_worker"):
+      return "RUNTIME_ERROR", (f"the candidate's process neither reported nor exited after the "
+                               f"judge ended the run in {stage}"), []
+    if "signal" in status:
+      kind, cause = _SIGNAL_CAUSES.get(status["signal_name"], ("CRASH", status["signal_name"]))
+      return "RUNTIME_ERROR", (f"ModelNew killed the worker with {status['signal_name']} in "
+                               f"{stage} ({cause}): {_tail(cand.get('log_tail', ''))}"), [
+                                   (kind, cause)]
+    return "RUNTIME_ERROR", (f"the candidate's process exited ({status}) without reporting, in "
+                             f"{stage}: {_tail(cand.get('log_tail', ''))}"), [
+                                 ("CRASH", f"exited with {status} in {stage}")]
+  if report.get("infra"):  # only credible before candidate code could have written the report
+    outcome = "RUNTIME_ERROR" if cand.get("loading") else "INFRA_ERROR"
+    return outcome, f"candidate's process: {report['infra']}", []
+  if report.get("error"):
+    return report["error"]["outcome"], report["error"]["message"], []
+  return None
+
+
+def _strings(value: Any, limit: int) -> list[str]:
+  return [str(v)[:300] for v in value][:limit] if isinstance(value, list) else []
+
+
+def _untrusted(report: Any) -> dict[str, Any]:
+  """The candidate's report, reduced to well-formed fields: its process may have written anything
+  into it, and nothing it wrote may break the verdict (an unknown exploit name, a huge list)."""
+  if not isinstance(report, dict):
+    return {}
+  known = set(pb.Exploit.keys()) - {"EXPLOIT_UNSPECIFIED"}
+  findings = [(str(f[0]), str(f[1])[:500]) for f in report.get("findings") or []
+              if isinstance(f, (list, tuple)) and len(f) == 2 and f[0] in known][:32]
+  raw = report.get("evidence") if isinstance(report.get("evidence"), dict) else {}
+  own = raw.get("own_fraction")
+  compute = raw.get("compute_ops") if isinstance(raw.get("compute_ops"), dict) else {}
+  evidence = {
+      "launched": _strings(raw["launched"], 64) if isinstance(raw.get("launched"), list) else None,
+      "own_fraction": min(1.0, max(0.0, float(own))) if isinstance(own, (int, float)) else None,
+      "library": [(str(n)[:200], float(d)) for n, d in (raw.get("library") or [])[:3]
+                  if isinstance(d, (int, float))] if isinstance(raw.get("library"), list) else [],
+      "compute_ops": {str(k)[:120]: int(v) for k, v in list(compute.items())[:256]
+                      if isinstance(v, int)},
+      "kernel_names": _strings(raw.get("kernel_names"), 64),
+      "note": str(raw.get("note") or "")[:300]}
+  error = report.get("error")
+  return {"findings": findings, "evidence": evidence if raw else {},
+          "forward_ops": _strings(report.get("forward_ops"), 64),
+          "infra": str(report.get("infra") or "")[:500],
+          "error": {"outcome": "RUNTIME_ERROR", "message": str(error.get("message", ""))[:2000]}
+                   if isinstance(error, dict) else None}
+
+
+def merge(options: dict[str, Any], judge: dict[str, Any], cand: dict[str, Any],
+          violations: list[dict[str, str]]) -> dict[str, Any]:
+  """The Verdict-shaped dict (proto field names) for one job."""
+  verdict: dict[str, Any] = {"policy": options["policy"], "stage_timings": [], "trials": []}
+  found: list[tuple[str, str]] = []
+  cand = dict(cand, report=_untrusted(cand.get("report")))
+  report = judge.get("report")
+  if report is None:
+    verdict.update(outcome="INFRA_ERROR", stage=judge.get("phase", "STAGE_LOAD"), message=(
+        f"the judge process exited ({judge.get('status')}) without a report: "
+        f"{_tail(judge.get('log_tail', ''))}"))
+  else:
+    stage = report.get("stage", "STAGE_LOAD")
+    verdict.update(stage=stage, trials=report.get("trials", []),
+                   stage_timings=report.get("stage_timings", []),
+                   environment=report.get("environment", {}))
+    if "timing" in report:
+      verdict["timing"] = report["timing"]
+    found += [tuple(f) for f in report.get("findings", [])]
+    outcome = report.get("outcome")
+    failure = None if outcome in ("BAD_REFERENCE", "INFRA_ERROR") else _candidate_failure(
+        cand, stage)
+    if failure is not None:
+      verdict.update(outcome=failure[0], message=failure[1])
+      found += failure[2]
+    elif outcome in ("OK", "INCORRECT", "BAD_REFERENCE", "INFRA_ERROR"):
+      verdict.update(outcome=outcome, message=report.get("message", ""))
+    else:
+      verdict.update(outcome="RUNTIME_ERROR", message=(
+          f"the candidate's process ended the run in {stage}: {report.get('candidate_ended')}"))
+  evidence_of = cand.get("report") or {}
+  found += evidence_of.get("findings", [])
+  evidence = evidence_of.get("evidence") or {}
+  if evidence:
+    verdict["forward_ops"] = list(evidence_of.get("forward_ops", []))[:64]
+    verdict["launched_kernels"] = list(evidence.get("launched") or [])
+    if evidence.get("own_fraction") is not None:
+      verdict["custom_kernel_time_fraction"] = float(evidence["own_fraction"])
+    if evidence.get("note"):
+      verdict["message"] = verdict.get("message") or str(evidence["note"])
+    if report is not None and verdict["outcome"] not in ("BAD_REFERENCE", "INFRA_ERROR"):
+      found += policy.findings(options["policy"], options["min_custom_kernel_fraction"],
+                               evidence, report.get("reference_ops"))
+  speedup = verdict.get("timing", {}).get("speedup", 0.0)
+  if speedup > options.get("plausible_speedup", PLAUSIBLE_SPEEDUP):
+    found.append(("IMPLAUSIBLE_SPEEDUP", f"speedup {speedup:.1f}x"))
+  verdict["exploits"] = [{"kind": k, "evidence": str(e)} for k, e in found] + list(violations)
+  return exploits.apply_policy(verdict)

@@ -1,0 +1,416 @@
+"""The candidate's process: the only code that executes candidate Python or loads its kernels.
+
+Forked by the worker (worker.py) from a process that imported torch once; it has its own session,
+working folder and stdout, is sandboxed (sandbox.py) before any problem or candidate code runs,
+and exits after this one job. Nothing here decides a verdict. It answers the judge's commands
+(trusted/judge.py) over the boundary socket, sending the candidate's outputs as bytes (wire.py),
+and reports evidence against the candidate (exploit findings, the torch ops forward ran, the
+kernels it launched) to the worker on its own pipe. A candidate that subverts this process can
+withhold evidence or send wrong bytes; it cannot change the judge's inputs, reference outputs,
+comparison or reference timing, and a run it cuts short is never OK.
+
+Order:
+1. Trusted setup: CUDA context, GPU memory cap, profiler warm-up, imports. Nothing untrusted yet.
+2. `lock_down()`: the sandbox, then the audit-hook tripwire, the state snapshot and the dispatcher
+   snapshot (untrusted/dispatch.py).
+3. The reference is executed here too, for `get_inputs`, `get_init_inputs` and Model's initial
+   weights; its forward never runs in this process.
+4. The judge's commands (each answered once; `stop` in an answer means this process already found
+   a rejecting exploit, and the judge ends the run):
+   meta          the reference's output layout and op list, fixed by the judge
+   load          import the candidate (`load_inline` answered from the compile cache, normalised
+                 as the compile stage normalised it: `InlineExtension.from_call`), build ModelNew
+                 with the same seed and init inputs, copy matching weights from the reference
+   trial S       inputs of seed S, allocator primed with NaN blocks of the output sizes, one
+                 observed call; answer: the outputs and the inputs after the call, as bytes
+   repeat A B    call on inputs A, overwrite the same tensors with B's values, call again
+   aftermath S   side streams and threads (probes.py)
+   profile S     own kernels launched and their share of the time (GPU: CUPTI; CPU: op times)
+   warmup, time K COLD, output, late     the candidate's side of timing (timing.py)
+   finish        the end: final checks, then the report
+Any exception once candidate code has been loaded is the candidate's (it may have broken torch
+under the verifier's feet): RUNTIME_ERROR, never INFRA_ERROR.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+import sys
+import time
+from typing import Any, Callable
+
+import torch
+
+from verifier_service import ops
+from verifier_service import policy
+from verifier_service import problem
+from verifier_service import sources
+from verifier_service import timing
+from verifier_service import wire
+from verifier_service.untrusted import dispatch
+from verifier_service.untrusted import guards
+from verifier_service.untrusted import probes
+
+_OOM_MARKERS = ("out of memory", "MemoryError", "bad_alloc", "Cannot allocate memory",
+                "File too large", "No space left on device", "Too many open files")
+_REJECTING_NOW = frozenset({
+    "TRY_EXCEPT_FALLBACK", "INHERITS_REFERENCE", "OUTPUT_REUSE", "OUTPUT_CACHING", "SIDE_STREAM",
+    "MONKEY_PATCH", "TENSOR_SUBCLASS", "FILE_ACCESS", "NETWORK_ACCESS", "PROCESS_SPAWN",
+    "SANDBOX_VIOLATION", "DISPATCH_OVERRIDE"})
+
+
+class CandidateError(Exception):
+  """The candidate (or what it did to this process) ended the run: a candidate outcome."""
+
+  def __init__(self, outcome: str, message: str, found: list[tuple[str, str]] | None = None):
+    super().__init__(message)
+    self.outcome, self.message, self.found = outcome, message, found or []
+
+
+def _oom(error: BaseException) -> list[tuple[str, str]]:
+  text = f"{type(error).__name__}: {error}"
+  return [("RESOURCE_EXHAUSTION", text[:300])] if any(m in text for m in _OOM_MARKERS) else []
+
+
+def _patch_load_inline(modules: dict[str, str]) -> None:
+  """Answers the candidate's load_inline calls with the modules the compile stage built."""
+  from torch.utils import cpp_extension  # pylint: disable=import-outside-toplevel
+
+  def load_inline(*args: Any, **kwargs: Any) -> Any:
+    ext = sources.InlineExtension.from_call(*args, **kwargs)
+    path = modules.get(ext.fingerprint)
+    if path is None:
+      raise RuntimeError(
+          f"load_inline({ext.name!r}) was called with arguments the verifier did not see "
+          "statically; sources must be literal strings or module-level constants")
+    if not ext.is_python_module:
+      torch.ops.load_library(path)
+      return path
+    spec = importlib.util.spec_from_file_location(ext.name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+  def load(*args: Any, **kwargs: Any) -> Any:
+    del args, kwargs
+    raise RuntimeError("torch.utils.cpp_extension.load is not supported; use load_inline")
+
+  cpp_extension.load_inline = load_inline
+  cpp_extension.load = load
+
+
+def prepare_worker() -> None:
+  """Run once in the worker before it forks: the first TorchDispatchMode imports torch._dynamo
+  (seconds), which every job child then inherits. Touches no CUDA and starts no thread."""
+  with ops.OpRecorder(), guards.ForwardTracer(set(), set()):
+    torch.ones(2).add(1)
+
+
+def trusted_setup(device: torch.device, fraction: float) -> dict[str, str]:
+  """Everything that needs more than the sandbox allows, done before it is applied; shared with
+  the judge. Returns the Verdict environment fields (GPU name and arch)."""
+  torch.set_num_threads(1)
+  from torch.utils import cpp_extension  # pylint: disable=import-outside-toplevel,unused-import
+  prepare_worker()  # a no-op after the worker's own call
+  if device.type != "cuda":
+    return {}
+  torch.cuda.init()
+  torch.zeros(1, device=device)
+  if 0.0 < fraction < 1.0:
+    # torch wants an index here; "cuda" alone (the worker's one visible GPU) is refused.
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    torch.cuda.set_per_process_memory_fraction(fraction, index)
+  props = torch.cuda.get_device_properties(device)
+  probes.kernel_profile(lambda: torch.ones(8, device=device).add_(1), [])  # loads CUPTI now
+  return {"gpu_name": props.name, "gpu_arch": f"sm_{props.major}{props.minor}"}
+
+
+def _poison_allocator(sizes: list[int], device: torch.device) -> None:
+  """Leaves NaN-filled blocks of these byte sizes in the caching allocator's free lists, so an
+  output the candidate never writes reads NaN, not a right answer left from an earlier call."""
+  blocks = [torch.full(((n + 3) // 4,), float("nan"), dtype=torch.float32, device=device)
+            for n in sizes]
+  del blocks
+
+
+class _Observer:
+  """What every observed ModelNew call records: ATen ops, reference frames, swallowed errors."""
+
+  def __init__(self) -> None:
+    self.recorder = ops.OpRecorder()
+    self.found: list[tuple[str, str]] = []
+
+  @contextlib.contextmanager
+  def __call__(self):
+    tracer = guards.ForwardTracer({problem.CANDIDATE_FILE}, {problem.REFERENCE_FILE})
+    returned = False
+    try:
+      with self.recorder, tracer:
+        yield
+      returned = True
+    finally:
+      self.found += tracer.findings(returned)
+      threads = guards.python_threads()
+      if threads:
+        self.found.append(("SIDE_STREAM", f"Python threads alive after forward: "
+                           f"{', '.join(threads[:4])}"))
+
+
+class CandidateSide:
+  """State of one job in the candidate's process, and one handler per judge command."""
+
+  def __init__(self, job: dict[str, Any], chan: wire.Channel,
+               emit: Callable[[dict[str, Any]], None]):
+    self.job, self.chan, self.emit = job, chan, emit
+    self.device = torch.device(job["device"])
+    self.opts = job["options"]
+    precision = self.opts["precision"]
+    self.dtype = None if precision == "FP32" else problem.DTYPES[precision]
+    self.seed = self.opts["seed"]
+    self.found: list[tuple[str, str]] = []
+    self.evidence: dict[str, Any] = {"kernel_names": job["kernel_names"], "launched": None,
+                                     "own_fraction": None, "library": [], "compute_ops": {}}
+    self.observer = _Observer()
+    self.meta: dict[str, Any] = {}
+    self.ref = self.reference = self.candidate = None
+    self.tripwire: guards.Tripwire | None = None
+    self.state: guards.StateGuard | None = None
+    self.registrations: dispatch.Registrations | None = None
+    self.baseline_tids: set[int] = set()
+    self.timer: timing.Timer | None = None
+    self.base = self.buf = self.out = self.early = None
+    self.loading = False
+
+  # ------------------------------------------------------------------ checks
+
+  def sync(self) -> None:
+    if self.device.type == "cuda":
+      torch.cuda.synchronize()
+
+  def findings(self) -> list[tuple[str, str]]:
+    return self.found + self.observer.found + (self.tripwire.findings if self.tripwire else [])
+
+  def checkpoint(self, registrations: bool = False) -> bool:
+    """Collects tampering findings; True when one of them already rejects the candidate."""
+    if self.state is not None:
+      self.found.extend(f for f in self.state.changes() if f not in self.found)
+    if registrations and self.registrations is not None:
+      self.found.extend(f for f in self.registrations.changes() if f not in self.found)
+    return any(kind in _REJECTING_NOW for kind, _ in self.findings())
+
+  # ------------------------------------------------------------------ setup
+
+  def arm(self, lock_down: Callable[[], dict[str, str]]) -> dict[str, str]:
+    layers = lock_down()
+    self.tripwire = guards.Tripwire({problem.CANDIDATE_FILE}, os.getcwd(),
+                                    self.job.get("sandbox", {}).get("read_only", []))
+    self.tripwire.install()
+    own = [sys.modules[__name__], guards, probes, ops, policy, problem, timing, wire, dispatch]
+    self.state = guards.StateGuard([ops.OpRecorder, guards.ForwardTracer, guards.Tripwire,
+                                    guards.StateGuard, _Observer, CandidateSide, wire.Channel,
+                                    timing.Timer], own_modules=own)
+    self.registrations = dispatch.Registrations.take()
+    self.tripwire.armed = True
+    self.ref = problem.exec_module("dice_reference", self.job["reference_source"],
+                                   problem.REFERENCE_FILE)
+    sys.modules.pop("dice_reference", None)
+    self.reference = problem.build(self.ref.Model, self.ref.get_init_inputs, self.seed,
+                                   self.device)
+    self.baseline_tids = set(guards.os_thread_times())
+    return layers
+
+  def inputs(self, seed: int) -> Any:
+    return problem.inputs(self.ref.get_inputs, seed, self.device, self.dtype)
+
+  # ------------------------------------------------------------------ commands
+
+  def on_meta(self, header: dict[str, Any]) -> None:
+    self.meta = header
+
+  def on_load(self, header: dict[str, Any]) -> dict[str, Any]:
+    del header
+    self.loading = True  # from here on, candidate code may run at any time
+    self.emit({"phase": "CANDIDATE_LOADING"})
+    if self.job.get("modules") is not None:  # None: the naive baseline, torch compiles itself
+      _patch_load_inline(self.job["modules"])
+    try:
+      cand = problem.exec_module("dice_candidate", self.job["candidate_source"],
+                                 problem.CANDIDATE_FILE)
+      new_cls = cand.ModelNew
+    except Exception as e:  # pylint: disable=broad-except
+      raise CandidateError("RUNTIME_ERROR", f"candidate failed to import: {type(e).__name__}: "
+                           f"{e}", _oom(e)) from e
+    model_cls = self.ref.Model
+    if isinstance(new_cls, type) and issubclass(new_cls, model_cls):
+      self.found.append(("INHERITS_REFERENCE", f"ModelNew subclasses the reference Model: "
+                         f"{[c.__name__ for c in new_cls.__mro__]}"))
+    try:
+      candidate = problem.build(new_cls, self.ref.get_init_inputs, self.seed, self.device)
+      problem.copy_matching_state(self.reference, candidate)
+      candidate = candidate.to(self.device)
+      self.candidate = candidate.to(self.dtype) if self.dtype else candidate
+      self.sync()
+    except Exception as e:  # pylint: disable=broad-except
+      raise CandidateError("RUNTIME_ERROR", f"building ModelNew failed: {type(e).__name__}: "
+                           f"{e}", _oom(e)) from e
+    if isinstance(self.candidate, torch.nn.Module) and any(
+        isinstance(m, model_cls) for m in self.candidate.modules()):
+      self.found.append(("INHERITS_REFERENCE", "ModelNew holds an instance of the reference Model"))
+    self.reference = None  # its weights are copied; nothing else here needs it
+    return {"stop": self.checkpoint(registrations=True)}
+
+  def call(self, args: Any, what: str = "ModelNew forward") -> Any:
+    try:
+      with torch.no_grad():
+        out = self.candidate(*args)
+      self.sync()
+      return out
+    except Exception as e:  # pylint: disable=broad-except
+      raise CandidateError("RUNTIME_ERROR", f"{what} raised {type(e).__name__}: {e}",
+                           _oom(e)) from e
+
+  def on_trial(self, header: dict[str, Any]) -> tuple[dict[str, Any], list[Any]]:
+    seed = int(header["seed"])
+    args = self.inputs(seed)
+    _poison_allocator(self.meta.get("sizes", []), self.device)
+    problem.set_seed(seed)
+    with self.observer():
+      out = self.call(args)
+    outputs, out_bufs = wire.encode(out)
+    inputs, in_bufs = wire.encode(args)
+    aliases = problem.overlap(problem.spans(out), problem.spans(args))
+    return ({"outputs": outputs, "inputs": inputs, "aliases_inputs": aliases,
+             "stop": self.checkpoint()}, out_bufs + in_bufs)
+
+  def on_repeat(self, header: dict[str, Any]) -> tuple[dict[str, Any], list[Any]]:
+    held = self.inputs(int(header["seed_a"]))
+    second_values = self.inputs(int(header["seed_b"]))
+    first = problem.clone_tree(self.call(held, "ModelNew (repeated call)"))
+    for dst, src in zip(problem.tensors(held), problem.tensors(second_values)):
+      dst.copy_(src)
+    second = problem.clone_tree(self.call(held, "ModelNew (repeated call)"))
+    first_leaves, first_bufs = wire.encode(first)
+    second_leaves, second_bufs = wire.encode(second)
+    return ({"first": first_leaves, "second": second_leaves, "stop": self.checkpoint()},
+            first_bufs + second_bufs)
+
+  def on_aftermath(self, header: dict[str, Any]) -> dict[str, Any]:
+    try:
+      self.found += probes.aftermath_probe(self.candidate, self.inputs(int(header["seed"])),
+                                           self.device, self.baseline_tids)
+    except Exception as e:  # pylint: disable=broad-except
+      raise CandidateError("RUNTIME_ERROR", f"ModelNew raised on a repeated call: "
+                           f"{type(e).__name__}: {e}", _oom(e)) from e
+    return {"stop": self.checkpoint()}
+
+  def on_profile(self, header: dict[str, Any]) -> dict[str, Any]:
+    held = self.inputs(int(header["seed"]))
+    self.evidence["compute_ops"] = self.observer.recorder.compute_ops()
+    if self.device.type == "cuda":
+      if self.job["kernel_names"]:
+        profile = probes.kernel_profile(lambda: self.call(held), self.job["kernel_names"])
+        if profile["note"]:
+          self.evidence["note"] = profile["note"]
+        else:
+          self.evidence.update(launched=profile["launched"], own_fraction=profile["own_share"],
+                               library=profile["library"])
+    else:  # CPU test worker: the share of forward's CPU time outside torch's compute ops
+      recorder = ops.OpRecorder()
+      start = time.perf_counter()
+      with recorder:
+        self.call(held)
+      total = time.perf_counter() - start
+      self.evidence["own_fraction"] = max(0.0, 1.0 - recorder.compute_s / max(total, 1e-9))
+    return {"evidence": self.evidence, "stop": self.checkpoint()}
+
+  def on_warmup(self, header: dict[str, Any]) -> dict[str, Any]:
+    self.timer = timing.Timer(self.device)
+    self.base = self.inputs(int(header["seed"]))
+    self.buf = problem.clone_tree(self.base)
+    for _ in range(timing.WARMUP_CALLS):
+      self.call(self.buf, "ModelNew (timed call)")
+    return {"stop": self.checkpoint()}
+
+  def on_time(self, header: dict[str, Any]) -> dict[str, Any]:
+    problem.copy_into(self.buf, problem.roll(self.base, int(header["shift"])))
+    keep = lambda out: setattr(self, "early", problem.clone_tree(out))
+    try:
+      with torch.no_grad():
+        elapsed, self.out = self.timer(lambda: self.candidate(*self.buf), bool(header["cold"]),
+                                       keep)
+    except Exception as e:  # pylint: disable=broad-except
+      raise CandidateError("RUNTIME_ERROR", f"timing raised {type(e).__name__}: {e}",
+                           _oom(e)) from e
+    return {"us": elapsed}
+
+  def on_output(self, header: dict[str, Any]) -> tuple[dict[str, Any], list[Any]]:
+    leaves, bufs = wire.encode(self.early if header.get("when") != "late" else self.out)
+    return {"outputs": leaves}, bufs
+
+  def on_finish(self, header: dict[str, Any]) -> dict[str, Any]:
+    del header
+    return {"stop": self.checkpoint(registrations=True)}
+
+
+def serve(side: CandidateSide) -> bool:
+  """Answers the judge's commands until `finish` (True) or the judge closes the socket (False)."""
+  handlers = {"meta": side.on_meta, "load": side.on_load, "trial": side.on_trial,
+              "repeat": side.on_repeat, "aftermath": side.on_aftermath,
+              "profile": side.on_profile, "warmup": side.on_warmup, "time": side.on_time,
+              "output": side.on_output, "finish": side.on_finish}
+  while True:
+    try:
+      header, _ = side.chan.recv()
+    except wire.ProtocolError:
+      return False
+    op = header.get("op")
+    answer = handlers[op](header)
+    if answer is None:
+      continue
+    reply, buffers = answer if isinstance(answer, tuple) else (answer, [])
+    side.chan.send(dict(reply, op=op), buffers)
+    if op == "finish":
+      return True
+
+
+def run(job: dict[str, Any], chan: wire.Channel, emit: Callable[[dict[str, Any]], None],
+        lock_down: Callable[[], dict[str, str]]) -> dict[str, Any]:
+  """The candidate's side of one job; returns its report for the worker. Never raises."""
+  report: dict[str, Any] = {"error": None, "infra": "", "finished": False}
+  side = CandidateSide(job, chan, emit)
+  try:
+    try:
+      fraction = job.get("sandbox", {}).get("gpu_memory_fraction", 0.0)
+      report["environment"] = trusted_setup(side.device, fraction)
+    except Exception as e:  # pylint: disable=broad-except
+      report["infra"] = f"CUDA unavailable in the candidate's process: {e}"
+      return report
+    try:
+      report["sandbox"] = side.arm(lock_down)
+    except Exception as e:  # pylint: disable=broad-except
+      report["infra"] = f"sandbox or reference setup failed: {type(e).__name__}: {e}"
+      return report
+    report["finished"] = serve(side)
+  except CandidateError as e:
+    report["error"] = {"outcome": e.outcome, "message": e.message}
+    side.found.extend(e.found)
+  except BaseException as e:  # pylint: disable=broad-except
+    # The verifier's own code raised in this process after the candidate was loaded: the
+    # candidate broke the ground it stands on (an op it re-registered, a patched function).
+    if not side.loading:
+      report["infra"] = f"{type(e).__name__}: {e}"
+    else:
+      report["error"] = {"outcome": "RUNTIME_ERROR", "message": (
+          f"verifier code in the candidate's process raised {type(e).__name__}: "
+          f"{str(e)[:300]} (after the candidate was loaded, so the candidate's doing)")}
+  finally:
+    if side.loading:
+      with contextlib.suppress(Exception):
+        side.checkpoint(registrations=True)
+      report["findings"] = side.findings()
+      report["evidence"] = dict(side.evidence,
+                                compute_ops=side.observer.recorder.compute_ops())
+      report["forward_ops"] = side.observer.recorder.summary()[:64]
+  return report
