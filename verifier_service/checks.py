@@ -5,8 +5,10 @@ REJECTED, with one clear reason, when it is not Python, defines no `ModelNew`, s
 the reference `Model` (INHERITS_REFERENCE), catches an exception inside a function and then
 computes with torch or the reference instead, or carries on after its custom op failed
 (TRY_EXCEPT_FALLBACK), computes through another kernel runtime (Triton, CuPy, Numba, torch.compile:
-TORCH_FALLBACK), never calls `load_inline`, passes it arguments we cannot resolve without running
-it, or compiles no CUDA `__global__` kernel that is launched anywhere (decoy kernels).
+TORCH_FALLBACK), registers kernels for torch's own operators (`torch.library` or the dispatcher's
+private API from Python, TORCH_LIBRARY_IMPL / TORCH_LIBRARY_FRAGMENT / raw `torch::Library` for a
+namespace it did not define, in its C++: DISPATCH_OVERRIDE), never calls `load_inline`, passes it
+arguments we cannot resolve without running it, or compiles no CUDA `__global__` kernel that is launched anywhere (decoy kernels).
 
 `allow_cpu_only` exists for the worker's CPU test mode (see `worker.py`): there a candidate whose
 load_inline has only C++ sources is accepted so worker logic can be exercised without a GPU.
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import re
 
 from verifier_service import sources
 
@@ -217,6 +220,47 @@ def _torch_names(tree: ast.Module) -> set[str]:
   return names
 
 
+# Namespaces torch owns (a candidate's own ops live in a namespace it defines: TORCH_LIBRARY(ns)).
+_TORCH_NAMESPACES = frozenset({"aten", "prims", "prim", "quantized", "_quantized", "mkldnn",
+                               "cudnn", "c10d", "_c10d_functional", "torchvision", "_",
+                               "profiler", "inductor", "higher_order", "debugprims", "rngprims"})
+_REGISTERING_CALL = re.compile(r"(library|Library|impl|register|define|fallback|_dispatch)")
+_CPP_DEFINES = re.compile(r"\bTORCH_LIBRARY\s*\(\s*(\w+)")
+_CPP_EXTENDS = re.compile(r"\b(TORCH_LIBRARY_IMPL|TORCH_LIBRARY_FRAGMENT)\s*\(\s*(\w+)")
+_CPP_RAW = re.compile(r"\b(torch::Library\s*\(|torch::Library\s+\w+\s*\(|Library::(IMPL|FRAGMENT)|"
+                      r"registerImpl|registerFallback|RegisterOperators|TORCH_LIBRARY_\w*_INIT|"
+                      r"Dispatcher::singleton)")
+
+
+def _torch_namespace(text: str) -> bool:
+  return text.split("::")[0].split(".")[0] in _TORCH_NAMESPACES
+
+
+def dispatch_overrides(tree: ast.Module, extensions: list[sources.InlineExtension]) -> list[str]:
+  """Registrations of kernels for torch's operators, in the Python and in the C++ sources."""
+  found = []
+  for node in ast.walk(tree):
+    if isinstance(node, ast.Attribute) and node.attr.startswith(("_dispatch_", "py_impl")):
+      found.append(f"line {node.lineno}: uses the dispatcher's private API ({node.attr})")
+    elif isinstance(node, ast.Call) and _REGISTERING_CALL.search(_call_name(node.func)):
+      names = [a.value for a in [*node.args, *(k.value for k in node.keywords)]
+               if isinstance(a, ast.Constant) and isinstance(a.value, str)]
+      hits = [n for n in names if _torch_namespace(n)]
+      if hits:
+        found.append(f"line {node.lineno}: {_call_name(node.func)}({hits[0]!r}, ...) registers "
+                     "for an operator torch owns")
+  for ext in extensions:
+    code = "\n".join(ext.cpp_sources + ext.cuda_sources)
+    own = set(_CPP_DEFINES.findall(code)) - _TORCH_NAMESPACES
+    for match in _CPP_EXTENDS.finditer(code):
+      if match.group(2) not in own:
+        found.append(f"{match.group(1)}({match.group(2)}, ...) in the C++ sources: kernels for "
+                     "a namespace the candidate did not define")
+    for match in _CPP_RAW.finditer(code):
+      found.append(f"{match.group(1)} in the C++ sources: registers with the dispatcher directly")
+  return found[:4]
+
+
 def check_candidate(candidate: str, allow_cpu_only: bool = False) -> StaticReport:
   """Parses the candidate, resolves its load_inline calls and lists its kernels."""
   tree, error = _parse(candidate, "candidate")
@@ -252,6 +296,10 @@ def check_candidate(candidate: str, allow_cpu_only: bool = False) -> StaticRepor
           "REJECTED", message=f"load_inline call on line {call.lineno} cannot be resolved "
           f"without running the candidate ({call.error}); pass literal strings")
   extensions = [c.extension for c in calls]
+  overrides = dispatch_overrides(tree, extensions)
+  if overrides:
+    return StaticReport("REJECTED", message=f"re-registers torch operators: {overrides[0]}",
+                        exploits=[("DISPATCH_OVERRIDE", o) for o in overrides])
   report = StaticReport(extensions=extensions)
   for ext in extensions:
     for code in ext.cuda_sources:

@@ -88,7 +88,8 @@ class OpRecorder(TorchDispatchMode):
     self.counts: collections.Counter[str] = collections.Counter()
     self.compute_s = 0.0
 
-  def __torch_dispatch__(self, func, types_, args=(), kwargs=None):  # pylint: disable=arguments-renamed
+  # pylint: disable-next=arguments-renamed
+  def __torch_dispatch__(self, func, types_, args=(), kwargs=None):
     name = f"{func.namespace}::{func.overloadpacket.__name__}"
     self.counts[name] += 1
     if op_is_glue(name):

@@ -112,7 +112,8 @@ def copy_matching_state(reference: torch.nn.Module, candidate: torch.nn.Module) 
   ref_state = reference.state_dict()
   cand_state = candidate.state_dict()
   shared = {k: v for k, v in ref_state.items()
-            if k in cand_state and cand_state[k].shape == v.shape and cand_state[k].dtype == v.dtype}
+            if k in cand_state and cand_state[k].shape == v.shape
+            and cand_state[k].dtype == v.dtype}
   if shared:
     candidate.load_state_dict(shared, strict=False)
   return len(shared)

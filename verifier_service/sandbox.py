@@ -23,8 +23,11 @@ Applied by the forked job child (worker.py) in two calls, through the kernel's o
      refuses ptrace of (and /proc/<pid>/mem of) any process outside the sandbox;
    - seccomp (libseccomp through `pyseccomp`): process creation, exec, non-unix sockets, ptrace,
      process_vm_readv/writev, mount, namespaces, bpf, perf_event_open, kernel keyrings, modules and
-     the like are refused with EPERM. With SECCOMP_RET_USER_NOTIF each refused call is also
-     reported to the worker (`Supervisor`), which names it in the verdict as an exploit.
+     the like are refused with EPERM, and so are signals to any process but the caller itself
+     (kill, tgkill, rt_sigqueueinfo to another pid; tkill, pidfd_send_signal): the judge beside
+     the candidate's process must be out of its reach even where Landlock cannot scope signals.
+     With SECCOMP_RET_USER_NOTIF each refused call is also reported to the worker
+     (`Supervisor`), which names it in the verdict as an exploit.
 
 Each layer reports "on ..." or why it is off; with `strict` a missing layer is an error, so a host
 that lacks a mechanism fails loudly instead of running candidates half-contained.
@@ -285,6 +288,12 @@ def _seccomp(notify_sock: socket.socket | None) -> str:
         pass  # not a syscall on this architecture (e.g. fork on aarch64)
   # Threads are clones with CLONE_THREAD; anything else makes a process.
   filt.add_rule(action, "clone", pyseccomp.Arg(0, pyseccomp.MASKED_EQ, CLONE_THREAD, 0))
+  # Signals only to itself: the judge, the worker and other jobs are processes of the same uid.
+  me = os.getpid()
+  for name in ("kill", "tgkill", "rt_sigqueueinfo", "rt_tgsigqueueinfo"):
+    filt.add_rule(action, name, pyseccomp.Arg(0, pyseccomp.NE, me))
+  for name in ("tkill", "pidfd_send_signal"):
+    filt.add_rule(action, name)
   # clone3 passes its flags in memory seccomp cannot read: ENOSYS makes glibc fall back to clone.
   filt.add_rule(pyseccomp.ERRNO(errno.ENOSYS), "clone3")
   filt.add_rule(action, "socket", pyseccomp.Arg(0, pyseccomp.NE, socket.AF_UNIX))
@@ -378,6 +387,8 @@ _NOTIF = struct.Struct("=QII iIQ6Q")
 _RESP = struct.Struct("=QqiI")
 _KIND = {name: kind for kind, names in FORBIDDEN.items() for name in names}
 _KIND.update(clone="PROCESS_SPAWN", socket="NETWORK_ACCESS")
+_KIND.update({name: "SANDBOX_VIOLATION" for name in (
+    "kill", "tgkill", "tkill", "rt_sigqueueinfo", "rt_tgsigqueueinfo", "pidfd_send_signal")})
 
 
 class Supervisor:

@@ -8,8 +8,8 @@ The judge treats everything from the candidate's side as hostile input: headers 
 payload sizes are checked against what the judge expects before anything is read, output metadata
 (structure, dtype, shape, device) must equal the reference's, which the judge fixed before the
 candidate ran, and values are read with the reference's dtype and shape, never the declared ones,
-copied once into the judge's own memory before they are compared (so later writes into shared
-buffers change nothing). Malformed frames raise `ProtocolError`: the candidate's failure.
+from the judge's own receive buffer (nothing is shared, so nothing changes after the check).
+Malformed frames raise `ProtocolError`: the candidate's failure.
 
 Decision: a socket, not CUDA IPC or shared memory. IPC exports whole allocator blocks, keeps the
 candidate's write access during the comparison and hands it metadata to forge; a copy through the
@@ -29,6 +29,7 @@ import torch
 from verifier_service import problem
 
 MAX_HEADER_BYTES = 1 << 20
+ALIGN_BYTES = 64  # every tensor's bytes start at a multiple of this in the payload
 _LENGTH = struct.Struct(">I")
 
 
@@ -104,27 +105,34 @@ def encode(tree: Any) -> tuple[list[dict[str, Any]], list[Any]]:
   leaves, buffers = [], []
   for leaf in problem.flatten(tree):
     if isinstance(leaf, torch.Tensor):
-      plain = leaf.as_subclass(torch.Tensor) if type(leaf) is not torch.Tensor else leaf  # pylint: disable=unidiomatic-typecheck
+      exact = type(leaf) is torch.Tensor  # pylint: disable=unidiomatic-typecheck
+      plain = leaf if exact else leaf.as_subclass(torch.Tensor)
       data = plain.detach().contiguous().reshape(-1).view(torch.uint8).cpu().numpy()
       leaves.append({"kind": "tensor", "dtype": str(leaf.dtype), "shape": list(leaf.shape),
                      "device": leaf.device.type, "nbytes": int(data.nbytes),
-                     "subclass": "" if type(leaf) is torch.Tensor else type(leaf).__qualname__})  # pylint: disable=unidiomatic-typecheck
+                     "subclass": "" if exact else type(leaf).__qualname__})
       buffers.append(data)
+      if _padded(data.nbytes) > data.nbytes:
+        buffers.append(bytes(_padded(data.nbytes) - data.nbytes))
     else:
       leaves.append({"kind": "value", "type": type(leaf).__name__, "value": _value(leaf)})
   return leaves, buffers
 
 
+def _padded(nbytes: int) -> int:
+  return -(-nbytes // ALIGN_BYTES) * ALIGN_BYTES
+
+
 def payload_bytes(expected: list[dict[str, Any]]) -> int:
-  return sum(leaf.get("nbytes", 0) for leaf in expected)
+  return sum(_padded(leaf.get("nbytes", 0)) for leaf in expected)
 
 
 def decode(expected: list[dict[str, Any]], declared: Any, payload: bytearray,
            device: torch.device) -> tuple[list[Any] | None, str, list[tuple[str, str]]]:
   """The judge side: (leaves, "", findings) or (None, why the output is wrong, findings).
 
-  `declared` is the candidate's leaf list, untrusted; tensors are rebuilt from `payload` with the
-  expected dtype and shape, in fresh memory on `device`.
+  `declared` is the candidate's leaf list, untrusted; tensors are read from `payload` (which must
+  stay unchanged while they live) with the expected dtype and shape, and moved to `device`.
   """
   if not isinstance(declared, list) or not all(isinstance(d, dict) for d in declared):
     raise ProtocolError("output metadata is not a list of objects")
@@ -135,7 +143,8 @@ def decode(expected: list[dict[str, Any]], declared: Any, payload: bytearray,
     where = f"output {i}"
     if got.get("kind") != want["kind"]:
       kind = got.get("type", got.get("kind"))
-      return None, f"{where} is {kind}, expected {'a tensor' if want['kind'] == 'tensor' else want['type']}", []
+      wanted = "a tensor" if want["kind"] == "tensor" else want["type"]
+      return None, f"{where} is {kind}, expected {wanted}", []
     if want["kind"] == "value":
       value = got.get("value")
       if got.get("type") == "float" and isinstance(value, str):
@@ -155,15 +164,16 @@ def decode(expected: list[dict[str, Any]], declared: Any, payload: bytearray,
       return None, f"{where} dtype {got.get('dtype')} != reference {want['dtype']}", []
     if got.get("device") != want["device"]:
       return None, f"{where} on {got.get('device')}, reference on {want['device']}", []
-    if got.get("nbytes") != want["nbytes"] or offset + want["nbytes"] > len(payload):
+    if got.get("nbytes") != want["nbytes"] or offset + _padded(want["nbytes"]) > len(payload):
       raise ProtocolError(f"{where}: declared {got.get('nbytes')} bytes, expected {want['nbytes']}")
     dtype = getattr(torch, want["dtype"].removeprefix("torch."))
-    tensor = torch.empty(want["shape"], dtype=dtype)
-    if want["nbytes"]:
-      tensor.reshape(-1).view(torch.uint8).copy_(
-          torch.frombuffer(payload, dtype=torch.uint8, count=want["nbytes"], offset=offset))
-    offset += want["nbytes"]
-    leaves.append(tensor.to(device))
+    if want["nbytes"]:  # a view of the judge's own receive buffer: no copy on the host
+      numel = want["nbytes"] // torch.empty((), dtype=dtype).element_size()
+      tensor = torch.frombuffer(payload, dtype=dtype, count=numel, offset=offset)
+    else:
+      tensor = torch.empty(0, dtype=dtype)
+    offset += _padded(want["nbytes"])
+    leaves.append(tensor.reshape(want["shape"]).to(device))
   if offset != len(payload):
     raise ProtocolError(f"{len(payload) - offset} payload bytes left over")
   return leaves, "", []

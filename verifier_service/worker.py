@@ -6,6 +6,7 @@ stdin; messages leave on the process's original stdout, which is kept private (f
 at stderr so that stray prints cannot corrupt it, and job children never inherit it):
 
   {"type": "ready", "pid": ..., "torch_version": ..., "sandbox": {layer: state}}   once
+  {"type": "accepted", "job_id": ...}                           the job was read
   {"type": "started", "job_id": ..., "pid": CANDIDATE, "pids": [CANDIDATE, JUDGE]}  (= pgids)
   {"type": "phase", "job_id": ..., "phase": "STAGE_..."}         as the judge goes
   {"type": "done", "job_id": ..., "result": {...}, "status": {...}, "log_tail": "..."}
@@ -101,9 +102,10 @@ def _child(role: str, job: dict[str, Any], job_dir: str, nonce: str, report_fd: 
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     from verifier_service import wire  # pylint: disable=import-outside-toplevel
     spec = job["sandbox"]
-    policy = sandbox.Policy(job_dir=job_dir, read_only=spec["read_only"], uid=spec["uid"],
-                            memory_bytes=spec["memory_bytes"], cpu_s=spec["cpu_s"],
-                            file_bytes=spec["file_bytes"], strict=spec["strict"])
+    if spec["enabled"]:
+      policy = sandbox.Policy(job_dir=job_dir, read_only=spec["read_only"], uid=spec["uid"],
+                              memory_bytes=spec["memory_bytes"], cpu_s=spec["cpu_s"],
+                              file_bytes=spec["file_bytes"], strict=spec["strict"])
 
     def lock_down() -> dict[str, str]:
       if not spec["enabled"]:
@@ -291,6 +293,7 @@ def serve(device: str, out: TextIO, sandbox_spec: dict[str, Any]) -> None:
   since fork() copies only the calling thread (and a user namespace needs a single thread).
   """
   import torch  # pylint: disable=import-outside-toplevel
+  # Imported once here, inherited by every job's processes.
   from verifier_service.trusted import judge, verdict  # pylint: disable=import-outside-toplevel,unused-import
   from verifier_service.untrusted import child  # pylint: disable=import-outside-toplevel
   child.prepare_worker()
@@ -304,6 +307,7 @@ def serve(device: str, out: TextIO, sandbox_spec: dict[str, Any]) -> None:
     if not line.strip():
       continue
     job = json.loads(line)
+    _send(out, {"type": "accepted", "job_id": job["job_id"]})  # before any child exists
     job["device"] = device
     job["sandbox"] = sandbox_spec
     _send(out, run_job(job, out))
@@ -313,11 +317,15 @@ def run_job(job: dict[str, Any], out: TextIO | None = None) -> dict[str, Any]:
   """Forks the judge and the candidate's process for one job, serves both, merges their reports.
 
   `job` carries sources, options, modules and the sandbox settings; `out` gets "started" and
-  "phase" messages (None: nobody listens). Returns the "done" message. Also the entry point for a
-  one-off verification without a worker pool (the naive path of benchmarks/verifier_throughput.py).
+  "phase" messages (None: nobody listens). Returns the "done" message, whose "result" is the
+  Verdict-shaped dict. Also the entry point for one verification without a worker pool or a
+  sandbox (the naive path of benchmarks/verifier_throughput.py): a job of sources, "options"
+  (config.resolve_options), "kernel_names", "device", "job_id" and "modules" (None: the
+  candidate's load_inline compiles with torch's own).
   """
   from verifier_service.trusted import verdict  # pylint: disable=import-outside-toplevel
   out = out if out is not None else io.StringIO()
+  job.setdefault("sandbox", {"enabled": False})
   cand_dir = tempfile.mkdtemp(prefix="dice-job-")
   judge_dir = tempfile.mkdtemp(prefix="dice-judge-")
   done: dict[str, Any] = {"type": "done", "job_id": job["job_id"], "result": None}

@@ -23,11 +23,15 @@ class Case:
   expect: frozenset[str]  # allowed outcomes (proto Outcome names)
   exploits: frozenset[str] = frozenset()  # kinds the verdict must contain
   honest: bool = False
+  policy: str = ""  # proto Policy name for the request; "" = the server's default
+  message: str = ""  # a substring the verdict's message must contain
+  max_reference_us: float = 0.0  # when > 0: the reference's median time must stay below it
 
 
-def _case(name: str, source: str, expect: str, exploits: str = "", honest: bool = False) -> Case:
+def _case(name: str, source: str, expect: str, exploits: str = "", honest: bool = False,
+          **extra) -> Case:
   return Case(name, source, frozenset(expect.split("|")),
-              frozenset(exploits.split("|")) if exploits else frozenset(), honest)
+              frozenset(exploits.split("|")) if exploits else frozenset(), honest, **extra)
 
 
 def _python(call: str, forward_prefix: str = "", module_suffix: str = "",
@@ -136,6 +140,95 @@ _SWALLOWED = '''        out = ext.scaled_add(a, b, self.scale)
                 del error
         return out
 '''
+_PARTIAL = '''        return torch.mul(ext.add_only(a, b, self.scale), self.scale)
+'''
+# Trust boundary (issue 16): operator overrides. In the old single-process design the first one got
+# OK: its zeros made the reference return zeros too. Registered on the first call, past the
+# static check (names built at run time) and the dispatcher snapshot taken after import.
+_LAZY_OVERRIDE = '''
+
+_held = []
+
+
+def _override(op, kernel):
+    module = getattr(torch, "lib" + "rary")
+    lib = getattr(module, "Lib" + "rary")("at" + "en", "IM" + "PL")
+    getattr(lib, "im" + "pl")(op, kernel, "CPU")
+    _held.append(lib)
+
+
+_forward = ModelNew.forward
+
+
+def _patched_forward(self, a, b):
+    if not _held:
+        {REGISTER}
+    return {RETURN}
+
+
+ModelNew.forward = _patched_forward
+'''
+_ZEROS = ('_override("add.Tensor", lambda x, y, alpha=1: torch.zeros(x.shape)); '
+          '_override("mul.Tensor", lambda x, y: torch.zeros(x.shape))')
+_SLOW_ADD = ('_override("add.Tensor", lambda x, y, alpha=1: (__import__("time").sleep(0.02), '
+             'torch.sub(x, y, alpha=-alpha))[1])')
+_BREAK_VIEW = '_override("view.dtype", lambda x, dtype: (_ for _ in ()).throw(RuntimeError("broken")))'
+_STATIC_OVERRIDE = '''
+
+_lib = torch.library.Library("aten", "IMPL")
+_lib.impl("add.Tensor", lambda x, y, alpha=1: torch.zeros(x.shape), "CPU")
+'''
+_CPP_OVERRIDE = r'''
+#include <torch/extension.h>
+#include <torch/library.h>
+
+{MACRO}
+
+at::Tensor zeros_add(const at::Tensor& a, const at::Tensor& b, const at::Scalar& alpha) {
+  return at::zeros_like(a);
+}
+
+{REGISTER}(aten, CPU, m) { m.impl("add.Tensor", zeros_add); }
+
+torch::Tensor scaled_add(torch::Tensor a, torch::Tensor b, double s) {
+  auto out = torch::empty_like(a);
+  auto pa = a.data_ptr<float>(); auto pb = b.data_ptr<float>(); auto po = out.data_ptr<float>();
+  for (int64_t i = 0; i < a.numel(); ++i) po[i] = (pa[i] + pb[i]) * (float)s;
+  return out;
+}
+'''
+_CPP_OVERRIDE_CANDIDATE = '''
+import torch
+import torch.nn as nn
+from torch.utils.cpp_extension import load_inline
+
+cpp_source = r"""{SOURCE}"""
+ext = load_inline(name="{NAME}", cpp_sources=cpp_source, functions=["scaled_add"],
+                  with_cuda=True, verbose=False)
+
+
+class ModelNew(nn.Module):
+    def __init__(self, scale):
+        super().__init__()
+        self.scale = scale
+
+    def forward(self, a, b):
+        return ext.scaled_add(a, b, self.scale)
+'''
+
+
+def _lazy(register: str, returns: str = "_forward(self, a, b)") -> str:
+  return _python("scaled_add", module_suffix=_LAZY_OVERRIDE.replace("{REGISTER}", register)
+                 .replace("{RETURN}", returns))
+
+
+def _cpp_override(name: str, hidden: bool) -> str:
+  macro, register = ("#define DICE_CAT(a, b) a##b", "DICE_CAT(TORCH_LIBRARY, _IMPL)") if hidden \
+      else ("", "TORCH_LIBRARY_IMPL")
+  source = _CPP_OVERRIDE.replace("{MACRO}", macro).replace("{REGISTER}", register)
+  return _CPP_OVERRIDE_CANDIDATE.replace("{SOURCE}", source).replace("{NAME}", name)
+
+
 _GLUE = '''        a = a.contiguous().view(-1).reshape(a.shape)
         b = torch.empty_like(b).copy_(b)
         out = ext.scaled_add(a, b, self.scale)
@@ -191,6 +284,24 @@ def cases() -> list[Case]:
       _case("huge_file", _python("huge_file"), "RUNTIME_ERROR", "RESOURCE_EXHAUSTION"),
       _case("host_loop", _python("hang"), "TIMEOUT", "HANG"),
       _case("segfault", _python("crash"), "RUNTIME_ERROR", "CRASH"),
+      # The trust boundary: operator overrides cannot forge a verdict, and are named.
+      _case("override_python_static", _python("scaled_add", module_suffix=_STATIC_OVERRIDE),
+            "REJECTED", "DISPATCH_OVERRIDE"),
+      _case("override_python_forges_zeros", _lazy(_ZEROS, "torch.zeros_like(a)"), "REJECTED",
+            "DISPATCH_OVERRIDE", message="the run itself ended INCORRECT"),
+      _case("override_python_slows_reference", _lazy(_SLOW_ADD), "REJECTED", "DISPATCH_OVERRIDE",
+            max_reference_us=10_000),
+      _case("override_breaks_verifier_code", _lazy(_BREAK_VIEW), "REJECTED", "DISPATCH_OVERRIDE",
+            message="verifier code in the candidate's process raised"),
+      _case("override_cpp_static", _cpp_override("cpp_override_static", hidden=False),
+            "REJECTED", "DISPATCH_OVERRIDE"),
+      _case("override_cpp_hidden", _cpp_override("cpp_override_hidden", hidden=True), "REJECTED",
+            "DISPATCH_OVERRIDE", message="registered at"),
+      # The partial-replacement policy: the extension adds, torch multiplies.
+      _case("partial_default_policy", _python("scaled_add", _PARTIAL), "OK",
+            policy="POLICY_DEFAULT"),
+      _case("partial_strict_policy", _python("scaled_add", _PARTIAL), "REJECTED",
+            "TORCH_FALLBACK", policy="POLICY_STRICT"),
       _case("honest", _python("scaled_add"), "OK", honest=True),
       _case("honest_with_glue", _python("scaled_add", _GLUE), "OK", honest=True),
       _case("honest_import_inside_forward", _python(

@@ -48,7 +48,8 @@ def hostile(cache_dir, toolchain):
     for key, value in fill.items():
       source = source.replace(key, value)
     options = pb.VerifyOptions(num_timing_trials=5,
-                               run_timeout_s=8 if case.name == "host_loop" else 0)
+                               run_timeout_s=8 if case.name == "host_loop" else 0,
+                               policy=pb.Policy.Value(case.policy) if case.policy else 0)
     request = pb.VerifyRequest(request_id=f"adv-{case.name}", reference_source=kernels.REFERENCE,
                                candidate_source=source, options=options)
     return srv.stub().Verify(request, timeout=900)
@@ -75,6 +76,11 @@ def test_case_gets_its_verdict(hostile, name):
   assert "ESCAPED" not in verdict.message, verdict.message
   assert outcome in case.expect, (outcome, verdict.message, kinds)
   assert case.exploits <= kinds, (kinds, verdict.message)
+  assert case.message in verdict.message, verdict.message
+  if case.max_reference_us:
+    assert 0 < verdict.timing.reference.median_us < case.max_reference_us, verdict.timing
+  if case.policy:
+    assert pb.Policy.Name(verdict.policy) == case.policy
   if case.honest:
     assert not kinds, (kinds, verdict.message)
 

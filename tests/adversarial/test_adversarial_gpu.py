@@ -2,7 +2,9 @@
 
 Each file is a KernelBench-format candidate whose first line says what it must get:
   # adversarial-case: expect=OUTCOME[|OUTCOME] problem=NAME [exploits=KIND[|KIND]] [timeout=S]
-`problem` names the reference in tests/adversarial/problems/. Files starting with `honest_` must
+                      [policy=POLICY_DEFAULT|POLICY_STRICT]
+`problem` names the reference in tests/adversarial/problems/; `policy` the partial-replacement
+policy of the request (default: the server's). Files starting with `honest_` must
 come back OK with no exploit at all (a finding there is a false positive); every other file must
 not come back OK, must get one of its outcomes, and must name its exploit kinds (otherwise it is a
 false negative). The fault cases (hangs, crashes, illegal addresses, OOM) also prove the worker
@@ -46,7 +48,8 @@ def load_cases() -> list[dict]:
         "reference": (HERE / "problems" / f"{fields['problem']}.py").read_text(),
         "expect": set(fields["expect"].split("|")),
         "exploits": set(fields["exploits"].split("|")) if "exploits" in fields else set(),
-        "timeout": float(fields.get("timeout", 0)), "honest": path.stem.startswith("honest_")})
+        "timeout": float(fields.get("timeout", 0)), "honest": path.stem.startswith("honest_"),
+        "policy": fields.get("policy", "POLICY_UNSPECIFIED")})
   return cases
 
 
@@ -58,6 +61,7 @@ def test_case_headers_parse_and_static_checks_agree():
   known = set(pb.Outcome.keys())
   for case in cases:
     assert case["expect"] <= known and case["exploits"] <= set(pb.Exploit.keys()), case["name"]
+    assert case["policy"] in pb.Policy.keys(), case["name"]
     report = checks.check_sources(case["reference"], case["source"])
     if case["honest"]:
       assert report.outcome is None, (case["name"], report.message)
@@ -114,7 +118,8 @@ def test_every_case_gets_its_verdict(gpu_server):
 
   def run(case):
     t = time.monotonic()
-    options = pb.VerifyOptions(run_timeout_s=case["timeout"], num_timing_trials=20)
+    options = pb.VerifyOptions(run_timeout_s=case["timeout"], num_timing_trials=20,
+                               policy=pb.Policy.Value(case["policy"]))
     verdict = gpu_server.verify(pb.VerifyRequest(
         request_id=f"adv-gpu-{case['name']}", reference_source=case["reference"],
         candidate_source=case["source"], options=options))
@@ -145,3 +150,21 @@ def test_every_case_gets_its_verdict(gpu_server):
         json.dumps(summary, indent=1))
   assert after.outcome == pb.OK, after.message
   assert not [r for r in rows if not r["ok"]], [r["file"] for r in rows if not r["ok"]]
+
+
+@pytest.mark.gpu
+def test_an_override_cannot_slow_the_references_timing(gpu_server):
+  """The reference is timed in the judge, where the candidate's aten::add override (1 ms of sleep
+  per call) does not exist: its time stays that of the honest run's reference."""
+  reference = (HERE / "problems" / "add_relu.py").read_text()
+  verdicts = {}
+  for name in ("honest_add_relu", "override_reference_slower"):
+    verdicts[name] = gpu_server.verify(pb.VerifyRequest(
+        request_id=f"adv-gpu-timing-{name}", reference_source=reference,
+        candidate_source=(HERE / "gpu" / f"{name}.py").read_text(),
+        options=pb.VerifyOptions(num_timing_trials=20)))
+  honest, slowed = verdicts["honest_add_relu"], verdicts["override_reference_slower"]
+  assert honest.outcome == pb.OK, honest.message
+  assert slowed.outcome == pb.REJECTED and pb.DISPATCH_OVERRIDE in [e.kind for e in slowed.exploits]
+  assert slowed.HasField("timing"), slowed.message  # registered lazily: the run went on to time
+  assert slowed.timing.reference.median_us < 2 * honest.timing.reference.median_us + 50

@@ -63,3 +63,36 @@ def test_cpu_only_candidates_pass_only_in_cpu_test_mode():
   report = checks.check_sources(kernels.REFERENCE, cpp, allow_cpu_only=True)
   assert report.outcome is None
   assert report.exported_functions == list(kernels.CPP_FUNCTIONS)
+
+
+_ZEROS = "lambda a, b, alpha=1: torch.zeros_like(a)"
+
+
+@pytest.mark.parametrize("edit, evidence", [
+    (lambda s: s + f"\nlib = torch.library.Library('aten', 'IMPL')\nlib.impl('add.Tensor', {_ZEROS})\n",
+     "Library('aten', ...)"),
+    (lambda s: s + f"\ntorch.library.impl('aten::add.Tensor', 'CUDA')({_ZEROS})\n", "'aten::add.Tensor'"),
+    (lambda s: s + "\ntorch._C._dispatch_library('IMPL', 'aten', 'CUDA', '', 0)\n",
+     "private API (_dispatch_library)"),
+    (lambda s: s.replace("__global__ void", "TORCH_LIBRARY_IMPL(aten, CUDA, m) {}\n__global__ void"),
+     "TORCH_LIBRARY_IMPL(aten, ...)"),
+    (lambda s: s.replace("__global__ void", "TORCH_LIBRARY_FRAGMENT(prims, m) {}\n__global__ void"),
+     "TORCH_LIBRARY_FRAGMENT(prims, ...)"),
+    (lambda s: s.replace("__global__ void", "TORCH_LIBRARY_IMPL(_, CUDA, m) {}\n__global__ void"),
+     "TORCH_LIBRARY_IMPL(_, ...)"),  # a backend fallback for every operator
+    (lambda s: s.replace("__global__ void", "static auto r = c10::Dispatcher::singleton();\n"
+                         "__global__ void"), "Dispatcher::singleton"),
+])
+def test_registering_kernels_for_torch_ops_is_rejected_statically(edit, evidence):
+  report = checks.check_sources(kernels.REFERENCE, edit(_GOOD))
+  assert report.outcome == "REJECTED" and report.stage == "STAGE_STATIC_CHECK"
+  assert report.exploits and {k for k, _ in report.exploits} == {"DISPATCH_OVERRIDE"}
+  assert any(evidence in e for _, e in report.exploits), report.exploits
+
+
+def test_a_candidates_own_operator_library_is_not_an_override():
+  own = _GOOD.replace("__global__ void", 'TORCH_LIBRARY(dice_ops, m) { m.def("f(Tensor x) -> '
+                      'Tensor"); }\nTORCH_LIBRARY_IMPL(dice_ops, CUDA, m) {}\n__global__ void')
+  assert checks.check_sources(kernels.REFERENCE, own).outcome is None
+  python_own = _GOOD + "\nlib = torch.library.Library('dice_ops', 'DEF')\n"
+  assert checks.check_sources(kernels.REFERENCE, python_own).outcome is None

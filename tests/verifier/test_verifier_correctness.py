@@ -1,18 +1,21 @@
-"""The comparison rules of correctness.py and the statistics of timing.py, directly on CPU."""
+"""The comparison rules (trusted/compare.py), the problem helpers both sides share (problem.py) and
+the statistics of timing.py, directly on CPU."""
 
 from __future__ import annotations
 
 import math
+import time
 
 import pytest
 import torch
 
-from verifier_service import correctness
+from verifier_service import problem
 from verifier_service import timing
+from verifier_service.trusted import compare
 
 
 def _cmp(ref, cand, tol=1e-4):
-  return correctness.compare(ref, cand, tol, tol)
+  return compare.compare(ref, cand, tol, tol)
 
 
 def test_tolerance_follows_allclose():
@@ -56,7 +59,7 @@ def test_integer_outputs_must_be_equal_and_scalars_compare():
 
 def test_integer_inputs_are_never_cast():
   inputs = [torch.randn(2, 2), torch.tensor([0, 1]), {"mask": torch.ones(2, dtype=torch.bool)}, 7]
-  moved = correctness.to_device(inputs, torch.device("cpu"), torch.float16)
+  moved = problem.to_device(inputs, torch.device("cpu"), torch.float16)
   assert moved[0].dtype == torch.float16
   assert moved[1].dtype == torch.int64
   assert moved[2]["mask"].dtype == torch.bool
@@ -67,7 +70,7 @@ def test_state_is_copied_where_names_and_shapes_match():
   torch.manual_seed(0)
   ref = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.BatchNorm1d(3))
   cand = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 3))
-  copied = correctness.copy_matching_state(ref, cand)
+  copied = problem.copy_matching_state(ref, cand)
   assert copied == 3  # 0.weight, 0.bias, 1.bias; 1.weight has another shape
   assert torch.equal(cand[0].weight, ref[0].weight)
   assert torch.equal(cand[1].bias, ref[1].bias)
@@ -75,14 +78,36 @@ def test_state_is_copied_where_names_and_shapes_match():
 
 
 def test_trial_seeds_are_fresh_and_reproducible():
-  seeds = correctness.trial_seeds(42, 5)
-  assert len(set(seeds)) == 5 and seeds == correctness.trial_seeds(42, 5)
-  assert seeds != correctness.trial_seeds(43, 5)
+  seeds = problem.trial_seeds(42, 5)
+  assert len(set(seeds)) == 5 and seeds == problem.trial_seeds(42, 5)
+  assert seeds != problem.trial_seeds(43, 5)
 
 
 def test_timing_stats():
   stats = timing.stats([5.0, 1.0, 3.0, 2.0, 4.0])
   assert stats["median_us"] == 3.0 and stats["min_us"] == 1.0 and stats["max_us"] == 5.0
   assert stats["num_trials"] == 5 and stats["p10_us"] == 1.0 and stats["p90_us"] == 5.0
-  ref, cand = timing.time_pair(lambda: torch.ones(10).sum(), lambda: None, 4, torch.device("cpu"))
-  assert ref["num_trials"] == cand["num_trials"] == 4
+
+
+def test_cpu_timer_times_the_call_and_snapshots_after_it():
+  timer = timing.Timer(torch.device("cpu"))
+  seen = []
+  elapsed, out = timer(lambda: time.sleep(0.01) or torch.ones(3), True, seen.append)
+  assert 9_000 < elapsed < 1_000_000 and torch.equal(out, torch.ones(3))
+  assert len(seen) == 1 and seen[0] is out
+
+
+def test_inputs_are_the_same_in_every_process_for_a_seed():
+  get_inputs = lambda: [torch.randn(4, 5), torch.randint(0, 9, (3,))]
+  a = problem.inputs(get_inputs, 7, torch.device("cpu"), torch.float16)
+  b = problem.inputs(get_inputs, 7, torch.device("cpu"), torch.float16)
+  c = problem.inputs(get_inputs, 8, torch.device("cpu"), torch.float16)
+  assert a[0].dtype == torch.float16 and a[1].dtype == torch.int64
+  assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) and not torch.equal(a[0], c[0])
+
+
+def test_roll_moves_values_and_keeps_them():
+  x = torch.arange(6.0).reshape(2, 3)
+  rolled = problem.roll([x, torch.tensor([5.0]), 3], 2)
+  assert sorted(rolled[0].flatten().tolist()) == sorted(x.flatten().tolist())
+  assert not torch.equal(rolled[0], x) and rolled[1].item() == 5.0 and rolled[2] == 3

@@ -64,9 +64,13 @@ def test_good_kernel_is_ok_launched_and_timed(gpu):
   assert verdict.outcome == pb.OK, verdict.message
   assert list(verdict.launched_kernels) == ["scaled_add_kernel"]
   assert verdict.environment.gpu_name
-  assert verdict.timing.candidate.num_trials == 50
-  assert 0.05 < verdict.timing.speedup < 50
+  assert verdict.timing.candidate.num_trials == verdict.timing.candidate_warm.num_trials == 50
+  assert 0.05 < verdict.timing.speedup < 50 and 0.05 < verdict.timing.speedup_warm < 50
+  # Warm L2 is never slower than cold for the same calls (within noise).
+  assert verdict.timing.reference_warm.median_us < 1.2 * verdict.timing.reference.median_us
   assert all(t.passed and t.max_abs_error < 1e-5 for t in verdict.trials)
+  assert 0.5 < verdict.custom_kernel_time_fraction <= 1.0
+  assert verdict.policy == pb.POLICY_DEFAULT
 
 
 def test_wrong_kernels_are_incorrect(gpu):
@@ -100,6 +104,9 @@ def _row(item: dict, verdict: pb.Verdict, loose: pb.Verdict | None) -> dict:
       "max_abs_error": max((t.max_abs_error for t in verdict.trials), default=None),
       "max_rel_error": max((t.max_rel_error for t in verdict.trials), default=None),
       "speedup": verdict.timing.speedup if verdict.HasField("timing") else None,
+      "speedup_warm": verdict.timing.speedup_warm if verdict.HasField("timing") else None,
+      "reference_us": verdict.timing.reference.median_us if verdict.HasField("timing") else None,
+      "custom_kernel_time_fraction": verdict.custom_kernel_time_fraction,
       "launched_kernels": list(verdict.launched_kernels),
       "exploits": [pb.Exploit.Name(e.kind) for e in verdict.exploits],
       "compile_s": compile_s, "total_s": verdict.total_s,

@@ -108,6 +108,10 @@ torch::Tensor scaled_add(torch::Tensor a, torch::Tensor b, double s) {
   return out;
 }
 
+torch::Tensor add_only(torch::Tensor a, torch::Tensor b, double s) {  // part of the work
+  return scaled_add(a, b, 1.0);
+}
+
 torch::Tensor slightly_off(torch::Tensor a, torch::Tensor b, double s) {
   auto out = scaled_add(a, b, s);
   out.data_ptr<float>()[out.numel() - 1] += 1e-2f;
@@ -253,7 +257,7 @@ torch::Tensor cache_by_address(torch::Tensor a, torch::Tensor b, double s) {
 }
 '''
 
-CPP_FUNCTIONS = ("scaled_add", "slightly_off", "in_place", "wrong_shape", "uninitialised", "crash",
+CPP_FUNCTIONS = ("scaled_add", "add_only", "slightly_off", "in_place", "wrong_shape", "uninitialised", "crash",
                  "hang", "throws", "net_connect", "read_path", "write_path", "parent_memory",
                  "fork_bomb", "run_shell", "kill_parent", "host_memory", "huge_file",
                  "busy_thread", "cache_by_address")

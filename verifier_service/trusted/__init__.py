@@ -1,4 +1,4 @@
-"""The trusted side of the trust boundary: code that decides verdicts and never loads candidate code.
+"""The trusted side of the trust boundary: code that decides verdicts, never beside candidate code.
 
 - `judge.py`: the judge process of each job (forked by worker.py beside the candidate's process):
   the reference's outputs and timings, inputs regenerated from seeds, and the comparison of the

@@ -364,13 +364,13 @@ def run(job: dict[str, Any], chan: wire.Channel, emit: Callable[[dict[str, Any]]
     if not judge.opts["skip_timing"]:
       judge.time_both()
     judge.ask({"op": "finish"})
-    judge.enter("STAGE_DONE")
-    result.update(outcome="OK", stage="STAGE_DONE")
+    result["outcome"] = "OK"
   except Ended as e:
     result.update(outcome=e.outcome, message=e.message, candidate_ended=e.candidate)
     if e.in_step:
       _finish(chan, 2 * wire.payload_bytes(judge.spec) + judge.input_bytes)
-  result["stage_timings"].append({"stage": result["stage"],
-                                  "duration_s": time.monotonic() - judge._started})  # pylint: disable=protected-access
+  stage = result["stage"]
+  judge.enter("STAGE_DONE")  # closes the stage that was running
+  result["stage"] = "STAGE_DONE" if result["outcome"] == "OK" else stage
   result["findings"] = [list(f) for f in result["findings"]]
   return result

@@ -130,9 +130,10 @@ def merge(options: dict[str, Any], judge: dict[str, Any], cand: dict[str, Any],
       found += failure[2]
     elif outcome in ("OK", "INCORRECT", "BAD_REFERENCE", "INFRA_ERROR"):
       verdict.update(outcome=outcome, message=report.get("message", ""))
-    else:
+    else:  # the candidate's side stopped answering: a rejecting finding, or the candidate's doing
       verdict.update(outcome="RUNTIME_ERROR", message=(
           f"the candidate's process ended the run in {stage}: {report.get('candidate_ended')}"))
+      verdict["stopped"] = True
   evidence_of = cand.get("report") or {}
   found += evidence_of.get("findings", [])
   evidence = evidence_of.get("evidence") or {}
@@ -150,4 +151,7 @@ def merge(options: dict[str, Any], judge: dict[str, Any], cand: dict[str, Any],
   if speedup > options.get("plausible_speedup", PLAUSIBLE_SPEEDUP):
     found.append(("IMPLAUSIBLE_SPEEDUP", f"speedup {speedup:.1f}x"))
   verdict["exploits"] = [{"kind": k, "evidence": str(e)} for k, e in found] + list(violations)
+  if verdict.pop("stopped", False) and any(f["kind"] in exploits.REJECTING
+                                           for f in verdict["exploits"]):
+    verdict.update(outcome="REJECTED", message="")  # stopped for that finding: it is the reason
   return exploits.apply_policy(verdict)

@@ -11,8 +11,8 @@ comparison or reference timing, and a run it cuts short is never OK.
 
 Order:
 1. Trusted setup: CUDA context, GPU memory cap, profiler warm-up, imports. Nothing untrusted yet.
-2. `lock_down()`: the sandbox, then the audit-hook tripwire, the state snapshot and the dispatcher
-   snapshot (untrusted/dispatch.py).
+2. `lock_down()`: the sandbox, then the audit-hook tripwire and the state snapshot. (The
+   dispatcher's snapshot was taken by the worker before it forked: untrusted/dispatch.py.)
 3. The reference is executed here too, for `get_inputs`, `get_init_inputs` and Model's initial
    weights; its forward never runs in this process.
 4. The judge's commands (each answered once; `stop` in an answer means this process already found
@@ -103,9 +103,11 @@ def _patch_load_inline(modules: dict[str, str]) -> None:
 
 def prepare_worker() -> None:
   """Run once in the worker before it forks: the first TorchDispatchMode imports torch._dynamo
-  (seconds), which every job child then inherits. Touches no CUDA and starts no thread."""
+  (seconds), and the dispatcher's snapshot; every job's process inherits both. Touches no CUDA
+  and starts no thread."""
   with ops.OpRecorder(), guards.ForwardTracer(set(), set()):
     torch.ones(2).add(1)
+  dispatch.baseline()
 
 
 def trusted_setup(device: torch.device, fraction: float) -> dict[str, str]:
@@ -181,7 +183,7 @@ class CandidateSide:
     self.baseline_tids: set[int] = set()
     self.timer: timing.Timer | None = None
     self.base = self.buf = self.out = self.early = None
-    self.loading = False
+    self.loading = self.dispatch_checked = False
 
   # ------------------------------------------------------------------ checks
 
@@ -196,7 +198,8 @@ class CandidateSide:
     """Collects tampering findings; True when one of them already rejects the candidate."""
     if self.state is not None:
       self.found.extend(f for f in self.state.changes() if f not in self.found)
-    if registrations and self.registrations is not None:
+    if registrations and self.registrations is not None and not self.dispatch_checked:
+      self.dispatch_checked = True  # once, at the end: a full dump is the costly check
       self.found.extend(f for f in self.registrations.changes() if f not in self.found)
     return any(kind in _REJECTING_NOW for kind, _ in self.findings())
 
@@ -211,7 +214,7 @@ class CandidateSide:
     self.state = guards.StateGuard([ops.OpRecorder, guards.ForwardTracer, guards.Tripwire,
                                     guards.StateGuard, _Observer, CandidateSide, wire.Channel,
                                     timing.Timer], own_modules=own)
-    self.registrations = dispatch.Registrations.take()
+    self.registrations = dispatch.baseline()
     self.tripwire.armed = True
     self.ref = problem.exec_module("dice_reference", self.job["reference_source"],
                                    problem.REFERENCE_FILE)
@@ -259,7 +262,7 @@ class CandidateSide:
         isinstance(m, model_cls) for m in self.candidate.modules()):
       self.found.append(("INHERITS_REFERENCE", "ModelNew holds an instance of the reference Model"))
     self.reference = None  # its weights are copied; nothing else here needs it
-    return {"stop": self.checkpoint(registrations=True)}
+    return {"stop": self.checkpoint()}
 
   def call(self, args: Any, what: str = "ModelNew forward") -> Any:
     try:

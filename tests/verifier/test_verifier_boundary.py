@@ -1,0 +1,264 @@
+"""The trust boundary's parts on their own (CPU, no server): the byte protocol, the dispatcher
+tripwire, the partial-replacement policy, the merge of both sides' reports, and the package
+layout that keeps the judge's code apart from the candidate's process.
+
+End to end, through a real server, the same boundary is tried by hostile candidates in
+tests/adversarial/adversarial_cpu_cases.py (operator overrides from Python and C++, a candidate
+that breaks verifier code in its own process, the policy switch).
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import math
+import pathlib
+import socket
+import struct
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from verifier_service import ops
+from verifier_service import policy
+from verifier_service import wire
+from verifier_service.trusted import verdict
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+CPU = torch.device("cpu")
+
+
+# ----------------------------------------------------------------------------- wire
+
+
+def _roundtrip(reference, candidate):
+  expected = wire.spec(reference)
+  leaves, buffers = wire.encode(candidate)
+  payload = bytearray(b"".join(bytes(memoryview(b).cast("B")) for b in buffers))
+  return wire.decode(expected, json.loads(json.dumps(leaves)), memoryview(payload), CPU)
+
+
+def test_outputs_cross_as_bytes_and_come_back_exactly():
+  tree = (torch.randn(3, 4), [torch.arange(5), torch.randn(2).to(torch.bfloat16)],
+          torch.tensor(True), 2.5, float("nan"), "tag")
+  leaves, why, found = _roundtrip(tree, tree)
+  assert why == "" and found == []
+  assert torch.equal(leaves[0], tree[0]) and torch.equal(leaves[1], tree[1][0])
+  assert torch.equal(leaves[2], tree[1][1]) and leaves[2].dtype == torch.bfloat16
+  assert leaves[3] is not tree[2] and bool(leaves[3]) and leaves[4] == 2.5
+  assert math.isnan(leaves[5]) and leaves[6] == "tag"
+
+
+def test_metadata_that_differs_from_the_reference_is_a_wrong_output_not_a_crash():
+  ref = torch.ones(4, 3)
+  assert _roundtrip(ref, torch.ones(3, 4))[1] == "output 0 shape (3, 4) != reference (4, 3)"
+  assert "dtype torch.float64 != reference torch.float32" in _roundtrip(ref, ref.double())[1]
+  assert "has 2 leaves, the reference has 1" in _roundtrip(ref, (ref, ref))[1]
+  assert "is float, expected a tensor" in _roundtrip(ref, 3.0)[1]
+
+  class Lazy(torch.Tensor):
+    pass
+
+  leaves, why, found = _roundtrip(ref, ref.clone().as_subclass(Lazy))
+  assert leaves is None and "subclass" in why and found[0][0] == "TENSOR_SUBCLASS"
+
+
+def test_values_are_read_with_the_reference_layout_whatever_is_declared():
+  expected = wire.spec(torch.zeros(2, 2))
+  sent = torch.ones(2, 2)
+  leaves, buffers = wire.encode(sent)
+  payload = bytearray(b"".join(bytes(memoryview(b).cast("B")) for b in buffers))
+  assert len(payload) == wire.payload_bytes(expected) == wire.ALIGN_BYTES
+  leaves[0]["nbytes"] = 4  # lies about its size
+  with pytest.raises(wire.ProtocolError, match="declared 4 bytes"):
+    wire.decode(expected, leaves, memoryview(payload), CPU)
+  leaves[0]["nbytes"] = 16
+  with pytest.raises(wire.ProtocolError, match="left over"):
+    wire.decode(expected, leaves, memoryview(payload + bytes(64)), CPU)
+  with pytest.raises(wire.ProtocolError, match="declared 16 bytes"):
+    wire.decode(expected, leaves, memoryview(payload[:32]), CPU)
+  with pytest.raises(wire.ProtocolError, match="not a list"):
+    wire.decode(expected, {"kind": "tensor"}, memoryview(payload), CPU)
+  out, _, _ = wire.decode(expected, leaves, memoryview(payload), CPU)
+  sent.fill_(7.0)  # the sender's memory changes afterwards: the judge's bytes do not
+  assert torch.equal(out[0], torch.ones(2, 2))
+
+
+def test_channel_refuses_oversized_and_malformed_frames_before_reading_them():
+  def pair():
+    left, right = socket.socketpair()
+    return left, wire.Channel(left), wire.Channel(right)
+
+  _, sender, receiver = pair()
+  sender.send({"op": "trial", "n": 1}, [torch.arange(4, dtype=torch.int32).numpy()])
+  header, payload = receiver.recv(16)
+  assert header == {"op": "trial", "n": 1, "nbytes": 16} and len(payload) == 16
+  sender.send({"op": "x"}, [bytes(64)])
+  with pytest.raises(wire.ProtocolError, match="payload of 64 bytes"):
+    receiver.recv(16)  # refused on the header: the stream is out of step, the run ends
+  raw, _, receiver = pair()
+  raw.sendall(struct.pack(">I", 1 << 30))
+  with pytest.raises(wire.ProtocolError, match="header of"):
+    receiver.recv(16)
+  raw, _, receiver = pair()
+  raw.sendall(struct.pack(">I", 5) + b"nope!")
+  with pytest.raises(wire.ProtocolError, match="not JSON"):
+    receiver.recv(0)
+  raw.close()
+  with pytest.raises(wire.ProtocolError, match="closed"):
+    receiver.recv(0)
+
+
+# ----------------------------------------------------------------------------- policy
+
+
+def test_op_families_match_what_torch_calls_the_same_work():
+  assert ops.family("aten::addmm") == ops.family("aten::mm") == "matmul"
+  assert ops.family("aten::relu_") == ops.family("aten::clamp_min") == "relu"
+  assert ops.family("aten::cudnn_convolution") == "conv"
+  assert ops.compute_families(["aten::view", "aten::add", "myops::fused"]) == {"add"}
+
+
+_REFERENCE_OPS = ["aten::addmm", "aten::relu", "aten::t"]
+
+
+def _findings(name, **evidence):
+  return [k for k, _ in policy.findings(name, 0.5, evidence, _REFERENCE_OPS)]
+
+
+def test_default_policy_allows_partial_replacement_and_rejects_torch_doing_it_all():
+  # A cuBLAS matmul kept, the epilogue in the candidate's kernel: correct under the default.
+  assert _findings(policy.DEFAULT, compute_ops={"aten::mm": 5}, launched=["relu_kernel"],
+                   own_fraction=0.1, library=[("gemm", 90.0)]) == []
+  # Torch ran every kind of op the reference runs (mm is addmm's family): a decoy kernel beside.
+  assert _findings(policy.DEFAULT, compute_ops={"aten::mm": 5, "aten::add": 5, "aten::relu": 5},
+                   launched=["touch"], own_fraction=0.05) == ["TORCH_FALLBACK"]
+  # Compiled kernels that never launched.
+  assert _findings(policy.DEFAULT, compute_ops={}, launched=[]) == ["NO_CUSTOM_KERNEL_LAUNCHED"]
+
+
+def test_strict_policy_is_the_old_rule_with_a_configurable_fraction():
+  assert _findings(policy.STRICT, compute_ops={"aten::mm": 5}) == ["TORCH_FALLBACK"]
+  library = [("gemm", 60.0)]
+  assert _findings(policy.STRICT, compute_ops={}, launched=["k"], own_fraction=0.4,
+                   library=library) == ["TORCH_FALLBACK"]
+  assert policy.findings(policy.STRICT, 0.3, {"compute_ops": {}, "launched": ["k"],
+                                              "own_fraction": 0.4, "library": library},
+                         _REFERENCE_OPS) == []
+
+
+# ----------------------------------------------------------------------------- merge
+
+_OPTIONS = {"policy": "POLICY_DEFAULT", "min_custom_kernel_fraction": 0.5,
+            "plausible_speedup": 100.0}
+_JUDGE_OK = {"outcome": "OK", "stage": "STAGE_DONE", "trials": [], "stage_timings": [],
+             "findings": [], "reference_ops": ["aten::add", "aten::mul"],
+             "timing": {"speedup": 2.0}}
+_CAND_OK = {"finished": True, "error": None, "infra": "", "findings": [],
+            "evidence": {"compute_ops": {}, "launched": None, "own_fraction": 1.0},
+            "forward_ops": ["aten::empty_like x5"]}
+
+
+def _merge(judge=None, cand=None, loading=True, status=None, cand_status=None, violations=()):
+  return verdict.merge(_OPTIONS, {"report": judge, "status": status or {"exit_code": 0}},
+                       {"report": cand, "status": cand_status or {"exit_code": 0},
+                        "loading": loading, "log_tail": "tail"}, list(violations))
+
+
+def test_ok_needs_the_judge_to_finish_and_the_candidate_to_report():
+  assert _merge(_JUDGE_OK, _CAND_OK)["outcome"] == "OK"
+  assert _merge(_JUDGE_OK, _CAND_OK)["policy"] == "POLICY_DEFAULT"
+  crashed = _merge(_JUDGE_OK, None, cand_status={"signal": 11, "signal_name": "SIGSEGV"})
+  assert crashed["outcome"] == "RUNTIME_ERROR" and crashed["exploits"][0]["kind"] == "CRASH"
+  silent = _merge(_JUDGE_OK, None)
+  assert silent["outcome"] == "RUNTIME_ERROR" and "without reporting" in silent["message"]
+
+
+def test_infra_error_only_for_failures_candidate_code_cannot_have_caused():
+  assert _merge(None, _CAND_OK)["outcome"] == "INFRA_ERROR"  # the judge never runs it
+  assert _merge(_JUDGE_OK, None, loading=False)["outcome"] == "INFRA_ERROR"
+  claims = dict(_CAND_OK, infra="CUDA unavailable")
+  assert _merge(_JUDGE_OK, claims, loading=False)["outcome"] == "INFRA_ERROR"
+  assert _merge(_JUDGE_OK, claims, loading=True)["outcome"] == "RUNTIME_ERROR"
+  broke = dict(_CAND_OK, error={"outcome": "INFRA_ERROR", "message": "verifier code raised"})
+  assert _merge(_JUDGE_OK, broke)["outcome"] == "RUNTIME_ERROR"
+
+
+def test_the_candidates_report_cannot_break_or_bend_the_verdict():
+  forged = dict(_CAND_OK, findings=[["NOT_AN_EXPLOIT", "x"], ["MONKEY_PATCH", "y" * 10_000], 7],
+                evidence={"own_fraction": 7.0, "launched": "all", "compute_ops": {"a": "b"}})
+  merged = _merge(_JUDGE_OK, forged)
+  assert [f["kind"] for f in merged["exploits"]] == ["MONKEY_PATCH"]
+  assert merged["outcome"] == "REJECTED" and merged["custom_kernel_time_fraction"] == 1.0
+  stopped = dict(_JUDGE_OK, outcome=None, candidate_ended="it stopped")
+  assert _merge(stopped, _CAND_OK)["outcome"] == "RUNTIME_ERROR"
+  found = dict(_CAND_OK, findings=[["DISPATCH_OVERRIDE", "aten::add.Tensor: CPU: candidate.py:3"]])
+  rejected = _merge(stopped, found)
+  assert rejected["outcome"] == "REJECTED" and rejected["message"].startswith("DISPATCH_OVERRIDE")
+
+
+def test_judge_outcomes_and_policy_findings_reach_the_verdict():
+  incorrect = dict(_JUDGE_OK, outcome="INCORRECT", message="trial 1: wrong")
+  assert _merge(incorrect, _CAND_OK)["outcome"] == "INCORRECT"
+  assert _merge(dict(_JUDGE_OK, outcome="BAD_REFERENCE"), None)["outcome"] == "BAD_REFERENCE"
+  torch_did_it = dict(_CAND_OK, evidence={"compute_ops": {"aten::add": 5, "aten::mul": 5}})
+  merged = _merge(_JUDGE_OK, torch_did_it)
+  assert merged["outcome"] == "REJECTED" and merged["exploits"][0]["kind"] == "TORCH_FALLBACK"
+  fast = _merge(dict(_JUDGE_OK, timing={"speedup": 500.0}), _CAND_OK)
+  assert fast["outcome"] == "OK" and fast["exploits"][0]["kind"] == "IMPLAUSIBLE_SPEEDUP"
+
+
+# ----------------------------------------------------------------------------- dispatcher
+
+_DISPATCH_PROBE = textwrap.dedent("""
+    import json, torch
+    from verifier_service.untrusted import dispatch
+    before = dispatch.Registrations.take()
+    import torch._refs  # torch registering more of its own kernels lazily is not tampering
+    own = torch.library.Library("dice_own_ops", "DEF")
+    own.define("twice(Tensor x) -> Tensor")
+    own.impl("twice", lambda x: x * 2, "CPU")
+    quiet = before.changes()
+    source = "import torch\\nlib = torch.library.Library('aten', 'IMPL')\\n" + \\
+             "lib.impl('add.Tensor', lambda a, b, alpha=1: a, 'CPU')\\n"
+    scope = {}
+    exec(compile(source, "candidate.py", "exec"), scope)
+    print(json.dumps({"quiet": quiet, "loud": before.changes()}))
+""")
+
+
+def test_dispatcher_tripwire_names_registrations_for_torch_ops_only():
+  proc = subprocess.run([sys.executable, "-c", _DISPATCH_PROBE], capture_output=True, text=True,
+                        check=True, cwd=ROOT, timeout=300)
+  result = json.loads(proc.stdout.strip().splitlines()[-1])
+  assert result["quiet"] == []
+  (kind, evidence), = result["loud"]
+  assert kind == "DISPATCH_OVERRIDE" and evidence.startswith("aten::add.Tensor: CPU: registered "
+                                                             "at candidate.py:2")
+
+
+# ----------------------------------------------------------------------------- layout
+
+
+def _imports(path: pathlib.Path) -> set[str]:
+  names = set()
+  for node in ast.walk(ast.parse(path.read_text())):
+    if isinstance(node, ast.ImportFrom) and node.module:
+      names.add(node.module)
+      names.update(f"{node.module}.{a.name}" for a in node.names)
+    elif isinstance(node, ast.Import):
+      names.update(a.name for a in node.names)
+  return names
+
+
+def test_the_trusted_side_never_imports_the_candidates_side():
+  package = ROOT / "verifier_service"
+  for path in [*(package / "trusted").glob("*.py"), package / "policy.py", package / "wire.py",
+               package / "problem.py", package / "ops.py", package / "timing.py"]:
+    leaked = {n for n in _imports(path) if "untrusted" in n}
+    assert not leaked, (path.name, leaked)
+  for path in (package / "untrusted").glob("*.py"):
+    assert not {n for n in _imports(path) if "trusted" in n.split(".")}, path.name
