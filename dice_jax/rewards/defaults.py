@@ -11,6 +11,11 @@ Functions (each `fn(prompts, completions, verdicts, **item_columns) -> list[floa
   speedup      for OK verdicts with timing: log2(speedup) clipped to [min_log2, max_log2]; else 0.
                Log scale, so 2x faster and 2x slower are symmetric; clipped, so one implausible
                timing cannot dominate a batch.
+  kernel_share for OK verdicts: the share (0..1) of GPU kernel time in the candidate's own kernels
+               (Verdict.custom_kernel_time_fraction); else 0. Optional (in no preset): under the
+               verifier's default partial-replacement policy a candidate that keeps a cuBLAS
+               matmul is correct, and this is how to pay more for writing the matmul too, e.g.
+               `rewards: {weights: {kernel_share: 0.3}}`.
 
 Presets:
   default       format 0.1 + compile 0.2 + correct 1.0 + speedup 0.5; hacks zeroed.
@@ -89,6 +94,13 @@ def speedup_reward(min_log2: float = -1.0, max_log2: float = 2.0) -> RewardFn:
   return speedup
 
 
+def kernel_share_reward(prompts, completions, verdicts: Sequence[pb.Verdict], **_) -> list[float]:
+  """Share of GPU kernel time in the candidate's own kernels, for OK verdicts; 0 otherwise."""
+  del prompts, completions
+  return [min(1.0, max(0.0, v.custom_kernel_time_fraction)) if v.outcome == pb.OK else 0.0
+          for v in verdicts]
+
+
 @dataclasses.dataclass(frozen=True)
 class RewardConfig:
   """Reward settings (a config section). `weights`/`normalize` override the preset per component;
@@ -114,7 +126,8 @@ class RewardConfig:
 
 def _functions(config: RewardConfig) -> dict[str, RewardFn]:
   return {"format": format_reward, "compile": compile_reward, "correct": correctness_reward,
-          "speedup": speedup_reward(config.speedup_min_log2, config.speedup_max_log2)}
+          "speedup": speedup_reward(config.speedup_min_log2, config.speedup_max_log2),
+          "kernel_share": kernel_share_reward}
 
 
 def make_shaper(config: RewardConfig = RewardConfig(),

@@ -195,3 +195,15 @@ def test_config_overrides_weights_and_normalisation():
   weights = {c.name: (c.weight, c.normalize) for c in shaper.components}
   assert weights == {"format": (1.0, "none"), "compile": (0.2, "none"), "correct": (1.0, "batch"),
                      "speedup": (0.0, "none")}
+
+
+def test_kernel_share_is_an_optional_component_of_ok_verdicts():
+  partial, own, wrong = ok(2.0), ok(2.0), verdict(pb.INCORRECT, compiled=True)
+  partial.custom_kernel_time_fraction, own.custom_kernel_time_fraction = 0.25, 1.0
+  wrong.custom_kernel_time_fraction = 0.9
+  assert D.kernel_share_reward(None, None, [partial, own, wrong]) == [0.25, 1.0, 0.0]
+  assert "kernel_share" not in {c.name for c in D.preset("default").components}
+  shaper = D.make_shaper(D.RewardConfig(preset="dice_binary", weights={"kernel_share": 0.4}))
+  result = shaper_call(shaper, [partial, own, wrong])
+  np.testing.assert_allclose(result.total, [1 + 0.1, 1 + 0.4, 0])
+  assert result.metrics["reward/kernel_share"] == pytest.approx((0.25 + 1.0) / 3)
