@@ -100,6 +100,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                         "used 1e-2)")
   ver.add_argument("--rtol", type=float, default=0.0, help="relative tolerance (0: as --atol)")
   ver.add_argument("--skip-timing", action="store_true", help="correctness only (no fast_p)")
+  ver.add_argument("--policy", choices=("default", "strict"), default=None,
+                   help="partial replacement: default (KernelBench/DICE: a kept torch matmul or "
+                        "conv is fine) or strict (torch only for glue); unset: the server's")
   ver.add_argument("--auth-token-file", metavar="FILE", help="bearer token for the verifier")
   ver.add_argument("--connect-timeout", type=float, default=10.0, help="seconds (default 10)")
   ver.add_argument("--request-timeout", type=float, default=1800.0,

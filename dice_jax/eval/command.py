@@ -23,6 +23,7 @@ from dice_jax.eval.local_verifier import LocalVerifierError
 
 EXIT_OK, EXIT_USAGE, EXIT_VERIFIER = 0, 2, 4
 _PRECISIONS = {"fp32": pb.FP32, "fp16": pb.FP16, "bf16": pb.BF16}
+_POLICIES = {"default": pb.POLICY_DEFAULT, "strict": pb.POLICY_STRICT}
 
 
 def _error(message: str, code: int = EXIT_USAGE) -> int:
@@ -51,8 +52,10 @@ def _template(path: str | None, default: prompts.PromptTemplate) -> prompts.Prom
 
 
 def options_from(args: argparse.Namespace) -> pb.VerifyOptions:
+  policy = getattr(args, "policy", None)
   return pb.VerifyOptions(precision=_PRECISIONS[args.precision], num_correctness_trials=args.trials,
-                          atol=args.atol, rtol=args.rtol, skip_timing=args.skip_timing)
+                          atol=args.atol, rtol=args.rtol, skip_timing=args.skip_timing,
+                          policy=_POLICIES[policy] if policy else pb.POLICY_UNSPECIFIED)
 
 
 def _model_source(args: argparse.Namespace) -> pipeline.ModelSource:
