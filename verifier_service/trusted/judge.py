@@ -16,11 +16,12 @@ In order:
      (compare.py; mutation: the candidate's inputs after its call against the reference's);
    - probes: caching (two calls on the same tensors with new values, both compared here),
      aftermath and kernel profile (the candidate's process reports those);
-   - timing (timing.py): one call at a time, the reference here and the candidate there,
-     alternating who goes first, every call on fresh input values (the same rolls on both sides).
-     After each call the judge decides, by a secret random draw, whether to read that call's
-     output back and compare it with its own for the same values (OUTPUT_CACHING; SIDE_STREAM
-     when it was right only later), within a byte budget.
+   - timing (timing.py): in batches of calls, a batch of the reference here, then a batch of the
+     candidate there (never both at once; who goes first alternates), every call on fresh input
+     values (the same rolls on both sides). After each batch the judge decides, by a secret
+     random draw, which of the candidate's outputs to read back and compare with its own for the
+     same values (OUTPUT_CACHING; SIDE_STREAM when it was right only later), within a byte
+     budget. Batches keep the round trips between the processes to a few per job.
 4. It reports to the worker: trials, timing, its own findings, the reference's ops, and where the
    candidate's side stopped if it did. The worker merges that with the candidate's report and
    both exit statuses (trusted/verdict.py).
@@ -47,8 +48,15 @@ from verifier_service import timing
 from verifier_service import wire
 from verifier_service.trusted import compare
 
-VERIFY_BUDGET_BYTES = 128 << 20  # timed outputs read back per side per job
+# Timed outputs of the candidate read back and compared, per job: at most VERIFIED_CALLS and
+# VERIFY_BUDGET_BYTES, at least MIN_VERIFIED_CALLS. Decision: a sample, not every call. Speedups
+# use the median, so a candidate must cheat on half of its timed calls to move it, and 24 calls
+# drawn in secret miss that with probability 2^-24; checking all 200 calls cost ~50 ms a verdict.
+VERIFIED_CALLS = 24
+VERIFY_BUDGET_BYTES = 128 << 20
 MIN_VERIFIED_CALLS = 4
+BATCH_CALLS = 20  # timed calls per side and turn: 10 trials (cold + warm)
+KEPT_BYTES = 512 << 20  # a batch's outputs each side keeps until the draw (bounds the batch)
 
 
 class Ended(Exception):
@@ -254,21 +262,36 @@ class Judge:
       rolling = False
     return rolling, verify
 
-  def check_timed_output(self, call: int, expect: Any) -> None:
+  def check_timed_outputs(self, calls: list[int], expected: list[Any]) -> None:
+    """Reads back the chosen calls' outputs of the batch just timed and compares each with the
+    reference's output for the same values (10x the tolerance: the timed calls are not trials)."""
     tol = (10 * self.atol, 10 * self.rtol)
     n = wire.payload_bytes(self.spec)
-    reply, payload = self.ask({"op": "output", "when": "early"}, n)
-    early, _, _ = self.decode(self.spec, reply.get("outputs"), memoryview(payload))
-    if early is not None and compare.compare(expect, early, *tol)[0]:
+
+    def read(when: str, indices: list[int]) -> list[Any]:
+      reply, payload = self.ask({"op": "output", "when": when, "calls": indices}, n * len(indices))
+      declared = reply.get("outputs")
+      if not isinstance(declared, list) or len(declared) != len(indices):
+        raise Ended(None, "", "answered 'output' with the wrong number of outputs", False)
+      view = memoryview(payload)
+      return [self.decode(self.spec, d, view[k * n:(k + 1) * n])[0] for k, d in enumerate(declared)]
+
+    ok = lambda expect, got: got is not None and compare.compare(expect, got, *tol)[0]
+    early = read("early", calls)
+    wrong = [k for k, got in enumerate(early) if not ok(expected[k], got)]
+    if not wrong:
       return
-    reply, payload = self.ask({"op": "output", "when": "late"}, n)
-    late, _, _ = self.decode(self.spec, reply.get("outputs"), memoryview(payload))
-    kind = "SIDE_STREAM" if late is not None and compare.compare(expect, late, *tol)[0] else (
-        "OUTPUT_CACHING")
-    self.result["findings"].append((kind, f"timed call {call}: output did not match the "
-                                    "reference for that call's inputs when the timer stopped"))
+    k = wrong[0]
+    late = read("late", [calls[k]])[0]
+    kind = "SIDE_STREAM" if ok(expected[k], late) else "OUTPUT_CACHING"
+    self.result["findings"].append((kind, f"timed call {calls[k]} of its batch: output did not "
+                                    "match the reference for that call's inputs when the timer "
+                                    "stopped"))
 
   def time_both(self) -> None:
+    """Timing, in batches of calls: the judge times a batch of the reference, the candidate's
+    process a batch of the candidate on the same rolls, then (by a secret draw) some of the
+    candidate's outputs are read back and compared; who goes first alternates per batch."""
     self.enter("STAGE_TIMING")
     base = problem.inputs(self.get_inputs, self.seed + 1, self.device, self.dtype)
     rolling, verify = self.timing_checks(base)
@@ -278,39 +301,49 @@ class Judge:
     for _ in range(timing.WARMUP_CALLS):
       self.run_reference(buf)
     trials = self.opts["num_timing_trials"]
-    shifts = random.Random(self.seed)
-    calls = 2 * trials
     per_call = max(1, wire.payload_bytes(self.spec))
-    budget = max(MIN_VERIFIED_CALLS, VERIFY_BUDGET_BYTES // per_call)
-    chosen = set(random.Random(secrets.randbits(64)).sample(range(calls), min(calls, budget))
-                 ) if verify else set()
-    samples: dict[str, list[float]] = {"ref": [], "cand": [], "ref_warm": [], "cand_warm": []}
-    for i in range(trials):
-      for cold in (True, False):
-        call = 2 * i + (0 if cold else 1)
-        shift = shifts.randrange(1, 1 << 30) if rolling else 0
-        kept = None
-        for side in (("ref", "cand") if i % 2 == 0 else ("cand", "ref")):
-          key = side + ("" if cold else "_warm")
-          if side == "ref":
+    batch = max(2, min(BATCH_CALLS, KEPT_BYTES // per_call)) // 2 * 2
+    rng = random.Random(self.seed)  # (shift, cold) per call: cold, warm, cold, warm, ...
+    calls = [(rng.randrange(1, 1 << 30) if rolling else 0, i % 2 == 0) for i in range(2 * trials)]
+    secret = random.Random(secrets.randbits(64))
+    quota = max(MIN_VERIFIED_CALLS, min(VERIFIED_CALLS, VERIFY_BUDGET_BYTES // per_call)) if (
+        verify) else 0
+    samples: dict[bool, dict[str, list[float]]] = {True: {"ref": [], "cand": []},
+                                                   False: {"ref": [], "cand": []}}
+    for b, start in enumerate(range(0, len(calls), batch)):
+      chunk = calls[start:start + batch]
+      chosen = []  # selection sampling: `quota` calls of all, uniformly, unknown in advance
+      for k in range(len(chunk)):
+        if secret.random() * (len(calls) - start - k) < quota - len(chosen):
+          chosen.append(k)
+      kept = []
+      for side in (("ref", "cand") if b % 2 == 0 else ("cand", "ref")):
+        if side == "ref":
+          for k, (shift, cold) in enumerate(chunk):
             problem.copy_into(buf, problem.roll(base, shift))
             try:
               with torch.no_grad():
                 elapsed, out = timer(lambda: self.reference(*buf), cold)
             except Exception as e:  # pylint: disable=broad-except
               raise Ended("BAD_REFERENCE", f"reference raised while timed: {e}") from e
-            kept = problem.clone_tree(out) if call in chosen else None
-          else:
-            reply, _ = self.ask({"op": "time", "shift": shift, "cold": cold})
-            elapsed = reply.get("us")
-            if not isinstance(elapsed, (int, float)) or not math.isfinite(elapsed) or elapsed < 0:
-              raise Ended(None, "", f"reported an invalid time {str(elapsed)[:40]}", False)
-          samples[key].append(float(elapsed))
-        if kept is not None and not any(k in ("OUTPUT_CACHING", "SIDE_STREAM")
-                                        for k, _ in self.result["findings"]):
-          self.check_timed_output(call, kept)
-    ref, cand = timing.stats(samples["ref"]), timing.stats(samples["cand"])
-    ref_w, cand_w = timing.stats(samples["ref_warm"]), timing.stats(samples["cand_warm"])
+            samples[cold]["ref"].append(elapsed)
+            if k in chosen:
+              kept.append(problem.clone_tree(out))
+        else:
+          reply, _ = self.ask({"op": "time", "shifts": [s for s, _ in chunk],
+                               "colds": [c for _, c in chunk]})
+          times = reply.get("us")
+          if not isinstance(times, list) or len(times) != len(chunk) or not all(
+              isinstance(t, (int, float)) and math.isfinite(t) and t >= 0 for t in times):
+            raise Ended(None, "", f"reported invalid times {str(times)[:60]}", False)
+          for (_, cold), elapsed in zip(chunk, times):
+            samples[cold]["cand"].append(float(elapsed))
+      quota -= len(chosen)
+      if chosen and not any(k in ("OUTPUT_CACHING", "SIDE_STREAM")
+                            for k, _ in self.result["findings"]):
+        self.check_timed_outputs(chosen, kept)
+    ref, cand = timing.stats(samples[True]["ref"]), timing.stats(samples[True]["cand"])
+    ref_w, cand_w = timing.stats(samples[False]["ref"]), timing.stats(samples[False]["cand"])
     self.result["timing"] = {
         "reference": ref, "candidate": cand,
         "speedup": ref["median_us"] / max(cand["median_us"], 1e-9),

@@ -26,7 +26,10 @@ Order:
    repeat A B    call on inputs A, overwrite the same tensors with B's values, call again
    aftermath S   side streams and threads (probes.py)
    profile S     own kernels launched and their share of the time (GPU: CUPTI; CPU: op times)
-   warmup, time K COLD, output, late     the candidate's side of timing (timing.py)
+   warmup S      warm-up calls on the inputs of seed S
+   time          a batch of timed calls (timing.py), each on the inputs rolled as the judge says
+   output        outputs of calls of the last batch, as snapshotted when each timer stopped
+                 ("early") or as they are now ("late")
    finish        the end: final checks, then the report
 Any exception once candidate code has been loaded is the candidate's (it may have broken torch
 under the verifier's feet): RUNTIME_ERROR, never INFRA_ERROR.
@@ -182,7 +185,9 @@ class CandidateSide:
     self.registrations: dispatch.Registrations | None = None
     self.baseline_tids: set[int] = set()
     self.timer: timing.Timer | None = None
-    self.base = self.buf = self.out = self.early = None
+    self.base = self.buf = None
+    self.early: list[Any] = []
+    self.outs: list[Any] = []
     self.loading = self.dispatch_checked = False
 
   # ------------------------------------------------------------------ checks
@@ -337,20 +342,31 @@ class CandidateSide:
     return {"stop": self.checkpoint()}
 
   def on_time(self, header: dict[str, Any]) -> dict[str, Any]:
-    problem.copy_into(self.buf, problem.roll(self.base, int(header["shift"])))
-    keep = lambda out: setattr(self, "early", problem.clone_tree(out))
+    """A batch of timed calls: per call fresh values (the judge's roll), a snapshot of the output
+    taken right after the end event, and the output itself, kept until the next batch."""
+    self.early, self.outs, times = [], [], []
+    keep = lambda out: self.early.append(problem.clone_tree(out))
     try:
-      with torch.no_grad():
-        elapsed, self.out = self.timer(lambda: self.candidate(*self.buf), bool(header["cold"]),
-                                       keep)
+      for shift, cold in zip(header["shifts"], header["colds"]):
+        problem.copy_into(self.buf, problem.roll(self.base, int(shift)))
+        with torch.no_grad():
+          elapsed, out = self.timer(lambda: self.candidate(*self.buf), bool(cold), keep)
+        times.append(elapsed)
+        self.outs.append(out)
     except Exception as e:  # pylint: disable=broad-except
       raise CandidateError("RUNTIME_ERROR", f"timing raised {type(e).__name__}: {e}",
                            _oom(e)) from e
-    return {"us": elapsed}
+    return {"us": times}
 
   def on_output(self, header: dict[str, Any]) -> tuple[dict[str, Any], list[Any]]:
-    leaves, bufs = wire.encode(self.early if header.get("when") != "late" else self.out)
-    return {"outputs": leaves}, bufs
+    """Outputs of calls of the last batch, as snapshotted when the timer stopped or as now."""
+    kept = self.early if header.get("when") != "late" else self.outs
+    leaves, buffers = [], []
+    for index in header["calls"]:
+      out_leaves, out_buffers = wire.encode(kept[int(index)])
+      leaves.append(out_leaves)
+      buffers += out_buffers
+    return {"outputs": leaves}, buffers
 
   def on_finish(self, header: dict[str, Any]) -> dict[str, Any]:
     del header
