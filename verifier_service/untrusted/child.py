@@ -220,13 +220,15 @@ class CandidateSide:
                                     guards.StateGuard, _Observer, CandidateSide, wire.Channel,
                                     timing.Timer], own_modules=own)
     self.registrations = dispatch.baseline()
-    self.tripwire.armed = True
     self.ref = problem.exec_module("dice_reference", self.job["reference_source"],
                                    problem.REFERENCE_FILE)
     sys.modules.pop("dice_reference", None)
     self.reference = problem.build(self.ref.Model, self.ref.get_init_inputs, self.seed,
                                    self.device)
     self.baseline_tids = set(guards.os_thread_times())
+    # The naive baseline (no prebuilt modules) compiles inside load_inline: files and processes
+    # the tripwire would name. It arms once the candidate is imported.
+    self.tripwire.armed = self.job.get("modules") is not None
     return layers
 
   def inputs(self, seed: int) -> Any:
@@ -250,6 +252,7 @@ class CandidateSide:
     except Exception as e:  # pylint: disable=broad-except
       raise CandidateError("RUNTIME_ERROR", f"candidate failed to import: {type(e).__name__}: "
                            f"{e}", _oom(e)) from e
+    self.tripwire.armed = True
     model_cls = self.ref.Model
     if isinstance(new_cls, type) and issubclass(new_cls, model_cls):
       self.found.append(("INHERITS_REFERENCE", f"ModelNew subclasses the reference Model: "
