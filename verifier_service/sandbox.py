@@ -1,6 +1,7 @@
 """The job child's sandbox: what candidate code (its Python and its compiled extension) may do.
 
-Applied by the forked job child (worker.py) in two calls, through the kernel's own mechanisms:
+Applied by each forked job child (worker.py: the judge and the candidate's process, each on its own)
+in two calls, through the kernel's own mechanisms:
 
 1. `enter_namespaces()` right after fork, while the child is still single-threaded (only a
    single-threaded process may create a user namespace): a new network namespace whose only
