@@ -37,6 +37,15 @@ class ProtocolError(Exception):
   """The peer sent something malformed or too large, or closed the socket mid-exchange."""
 
 
+class OversizedPayload(ProtocolError):
+  """A frame announcing more payload bytes than allowed; its header (unread payload left behind)
+  still says what the sender claims to be sending, e.g. an output's dtype."""
+
+  def __init__(self, message: str, header: dict[str, Any]):
+    super().__init__(message)
+    self.header = header
+
+
 class Channel:
   """Framed messages over one connected stream socket."""
 
@@ -73,7 +82,8 @@ class Channel:
     if not isinstance(header, dict) or not isinstance(header.get("nbytes"), int):
       raise ProtocolError("header is not an object with an integer nbytes")
     if not 0 <= header["nbytes"] <= max_payload:
-      raise ProtocolError(f"payload of {header['nbytes']} bytes (expected at most {max_payload})")
+      raise OversizedPayload(f"payload of {header['nbytes']} bytes (expected at most {max_payload})",
+                             header)
     return header, self._exact(header["nbytes"])
 
 

@@ -249,6 +249,9 @@ def cases() -> list[Case]:
           "class ModelNew(nn.Module):", "class Model(nn.Module):\n    pass\n\n\n"
           "class ModelNew(Model):"), "REJECTED", "INHERITS_REFERENCE"),
       _case("input_mutation", _python("in_place"), "INCORRECT", "INPUT_MUTATION"),
+      # Twice the bytes the reference's layout holds: the judge names the dtype, the candidate's
+      # process (whose socket the judge then closes) cannot turn that into a RUNTIME_ERROR.
+      _case("wrong_output_dtype", _python("wrong_dtype"), "INCORRECT", message="dtype torch.float64"),
       _case("cache_by_address", _python("cache_by_address"), "REJECTED|INCORRECT"),
       _case("python_thread", _python("scaled_add", _PY_THREAD), "REJECTED", "SIDE_STREAM"),
       _case("busy_cpp_thread", _python("busy_thread"), "REJECTED", "SIDE_STREAM"),

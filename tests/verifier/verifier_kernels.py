@@ -128,6 +128,13 @@ torch::Tensor wrong_shape(torch::Tensor a, torch::Tensor b, double s) {
   return scaled_add(a, b, s).reshape({-1});
 }
 
+torch::Tensor wrong_dtype(torch::Tensor a, torch::Tensor b, double s) {  // right values, float64
+  auto out = torch::empty(a.sizes(), a.options().dtype(torch::kFloat64));
+  auto pa = a.data_ptr<float>(); auto pb = b.data_ptr<float>(); auto po = out.data_ptr<double>();
+  for (int64_t i = 0; i < a.numel(); ++i) po[i] = ((double)pa[i] + pb[i]) * s;
+  return out;
+}
+
 torch::Tensor uninitialised(torch::Tensor a, torch::Tensor b, double s) {
   return torch::empty_like(a);
 }
@@ -257,7 +264,8 @@ torch::Tensor cache_by_address(torch::Tensor a, torch::Tensor b, double s) {
 }
 '''
 
-CPP_FUNCTIONS = ("scaled_add", "add_only", "slightly_off", "in_place", "wrong_shape", "uninitialised", "crash",
+CPP_FUNCTIONS = ("scaled_add", "add_only", "slightly_off", "in_place", "wrong_shape", "wrong_dtype", "uninitialised",
+                 "crash",
                  "hang", "throws", "net_connect", "read_path", "write_path", "parent_memory",
                  "fork_bomb", "run_shell", "kill_parent", "host_memory", "huge_file",
                  "busy_thread", "cache_by_address")

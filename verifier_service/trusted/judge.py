@@ -178,6 +178,11 @@ class Judge:
     ref_out = self.run_reference(args)
     try:
       reply, payload = self.chan.recv(wire.payload_bytes(self.spec) + wire.payload_bytes(in_spec))
+    except wire.OversizedPayload as e:  # e.g. float64 outputs where the reference has float32
+      _, why, _ = self.decode(self.spec, e.header.get("outputs"), memoryview(b""))
+      if why:
+        raise Ended("INCORRECT", f"trial {len(self.result['trials']) + 1} (seed {seed}): {why}") from e
+      raise Ended(None, "", f"no valid answer to 'trial': {e}", False) from e
     except (wire.ProtocolError, OSError) as e:
       raise Ended(None, "", f"no valid answer to 'trial': {e}", False) from e
     if reply.get("op") != "trial":

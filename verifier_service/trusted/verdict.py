@@ -14,7 +14,7 @@ every stage and the candidate's process to have reported. Failures are attribute
   ... by another signal                                          RUNTIME_ERROR, CRASH, with the log
   ... exited without a report once loaded                        RUNTIME_ERROR, CRASH
   ... reported an error (its raise, or verifier code it broke)   that (RUNTIME_ERROR)
-  judge: INCORRECT                                               INCORRECT
+  judge: INCORRECT (its own comparison; checked before the rows above)   INCORRECT
   judge: the candidate's side stopped answering or answered nonsense   RUNTIME_ERROR
 Then the exploit findings of both sides, the seccomp supervisor's and the partial-replacement
 policy's (policy.py) go to `exploits.apply_policy`, which REJECTS clear hacks whatever the run
@@ -123,7 +123,9 @@ def merge(options: dict[str, Any], judge: dict[str, Any], cand: dict[str, Any],
       verdict["timing"] = report["timing"]
     found += [tuple(f) for f in report.get("findings", [])]
     outcome = report.get("outcome")
-    failure = None if outcome in ("BAD_REFERENCE", "INFRA_ERROR") else _candidate_failure(
+    # The judge's own comparison decides INCORRECT: whatever the candidate's process did after
+    # (the judge closes its socket on a wrong answer, which that process may report as an error).
+    failure = None if outcome in ("BAD_REFERENCE", "INFRA_ERROR", "INCORRECT") else _candidate_failure(
         cand, stage)
     if failure is not None:
       verdict.update(outcome=failure[0], message=failure[1])
