@@ -1,23 +1,30 @@
-"""Cold-cache verification throughput and latency: the verifier service vs. the naive path.
+"""Cold-cache verification throughput and latency on one box: the verifier service vs. the naive path.
 
-Both paths verify the same distinct DICE infilling candidates (`cuda_code` against its
-`pytorch_code`), each with a cold cache, on this machine:
+Both paths verify distinct DICE infilling candidates (`cuda_code` against its `pytorch_code`) that
+pass the static checks, each path with a cold cache:
 
-(a) naive = what KernelBench does: a fresh Python process per candidate, plain
-    `torch.utils.cpp_extension.load_inline` (ninja, both translation units in parallel) into an
-    empty extension folder, then the same static checks, correctness trials and timing as the
-    service (`runner.run_job` with torch's own load_inline left in place). P processes at a time.
-(b) the service: a real gRPC server on loopback started in this process with an empty cache
-    folder, `compile_workers` compiler processes and `slots_per_gpu` GPU worker slots; every
-    candidate is submitted at once and the server's queue schedules them. Its one-off start-up
-    (worker processes, precompiled header) is reported separately and also folded into a second
-    throughput figure. Latency: further distinct candidates, one at a time, cold.
+(a) the service: a real gRPC server on loopback started in this process with an empty cache
+    folder, `--compile-workers` compiler processes and `--slots-per-gpu` GPU worker slots. Its
+    one-off start-up (worker processes, header tiers, main.cpp's precompiled header) is timed.
+    Then `--latency-candidates` candidates are verified one at a time (cold latency), then a burst
+    of `--candidates` further candidates is submitted at once and the server's queue schedules
+    them (throughput, and latency under that load: each verdict's time since the burst began).
+(b) naive = what KernelBench does: a fresh Python process per candidate, `--naive-parallel` at a
+    time, in which the candidate's own torch.utils.cpp_extension.load_inline builds its extension
+    (ninja, both translation units in parallel, an empty extension folder) and the service's own
+    static checks, correctness trials and timing run (`worker.run_job` with no prebuilt modules
+    and no sandbox). It costs ~60 s of two cores per candidate, so it runs on the first
+    `--naive-candidates` of the burst's candidates (default 16; 0: all).
 
-Prints median cold latency per verdict and verdicts per hour for each path, the ratios, and every
-candidate whose verdicts disagree.
+Printed: start-up; median cold latency; verdicts per hour over the burst (and counting start-up);
+latency under load (median, p90, max); the median compile, GPU-queue and run stages; compiler
+CPU-seconds per verdict (children's user+sys; budget for 3,000/h = cores x 3600 / 3000) and the
+machine's CPU use during the burst; the naive path's figures; the ratios; and every candidate
+whose verdicts disagree (both paths finished).
 
-  python benchmarks/verifier_throughput.py                            # on the GPU machine
-  python benchmarks/verifier_throughput.py --candidates 4 --latency-candidates 1 --no-gpu
+  python benchmarks/verifier_throughput.py --data PATH/kernel_infilling_evaluation.json  # GPU
+  python benchmarks/verifier_throughput.py --candidates 4 --latency-candidates 1 \\
+      --naive-candidates 2 --naive-parallel 1 --no-gpu    # compile only, e.g. on a CPU VM
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ import concurrent.futures
 import json
 import os
 import pathlib
+import resource
 import statistics
 import subprocess
 import sys
@@ -46,10 +54,14 @@ from verifier_service import scheduler as scheduler_lib
 from verifier_service import server as server_lib
 from verifier_service import toolchain as toolchain_lib
 
+# One candidate, KernelBench's way: in this fresh process torch's own load_inline builds the
+# extension when the candidate is imported (empty extension folder), then the service's checks,
+# correctness trials and timing run (worker.run_job: the judge and the candidate's process, no
+# sandbox; its tripwire arms once load_inline has compiled). device "none": compile only.
 _NAIVE = textwrap.dedent("""
     import json, sys
     import torch  # noqa: F401
-    from verifier_service import checks, runner
+    from verifier_service import checks, worker
     ref, cand, out, device, options = sys.argv[1:6]
     ref, cand = open(ref).read(), open(cand).read()
     report = checks.check_sources(ref, cand)
@@ -62,12 +74,13 @@ _NAIVE = textwrap.dedent("""
       except Exception as e:
         building = "Error building extension" in str(e)
         result = {"outcome": "COMPILE_ERROR" if building else "RUNTIME_ERROR",
-                  "message": str(e)[:300]}
+                  "message": str(e)[-300:]}
     else:
-      job = {"reference_source": ref, "candidate_source": cand, "modules": None,
-             "kernel_names": report.kernel_names, "options": json.loads(options),
-             "device": device}
-      result = runner.run_job(job, lambda message: None)
+      done = worker.run_job({"job_id": "naive", "reference_source": ref, "candidate_source": cand,
+                             "modules": None, "kernel_names": report.kernel_names,
+                             "options": json.loads(options), "device": device})
+      result = done.get("result") or {"outcome": "INFRA_ERROR",
+                                      "message": f"no verdict: {done.get('status')}"}
       if "Error building extension" in result.get("message", ""):
         result["outcome"] = "COMPILE_ERROR"
     json.dump({"outcome": result["outcome"], "message": result.get("message", "")},
@@ -79,6 +92,28 @@ def _median(values: list[float]) -> float:
   return statistics.median(values) if values else float("nan")
 
 
+def _quantile(values: list[float], q: float) -> float:
+  if not values:
+    return float("nan")
+  ordered = sorted(values)
+  return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def _cpu_children() -> float:
+  usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+  return usage.ru_utime + usage.ru_stime
+
+
+def _busy_jiffies() -> tuple[int, int]:
+  """(busy, total) CPU jiffies of the whole machine, from /proc/stat."""
+  try:
+    fields = [int(x) for x in pathlib.Path("/proc/stat").read_text().split("\n")[0].split()[1:]]
+  except (OSError, ValueError):
+    return 0, 0
+  idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
+  return sum(fields) - idle, sum(fields)
+
+
 def load_items(path: str, count: int, skip: int = 0) -> list[dict]:
   """Distinct infilling items whose candidates pass the static checks (both paths compile)."""
   items = json.loads(pathlib.Path(path).read_text())
@@ -86,40 +121,48 @@ def load_items(path: str, count: int, skip: int = 0) -> list[dict]:
             is None]
   chosen = usable[skip:skip + count]
   if len(chosen) < count:
-    raise SystemExit(f"only {len(chosen)} usable candidates after skipping {skip}")
+    raise SystemExit(f"only {len(chosen)} usable candidates after skipping {skip} "
+                     f"({len(usable)} of {len(items)} in {path} pass the static checks)")
   return chosen
 
 
+def _naive_one(item: dict, root: pathlib.Path, device: str, options: dict,
+               toolchain: toolchain_lib.Toolchain) -> tuple[str, str, float, float]:
+  """(outcome, message, latency, CPU seconds) of one candidate on the naive path."""
+  work = root / str(item["id"])
+  work.mkdir()
+  (work / "ref.py").write_text(item["pytorch_code"])
+  (work / "cand.py").write_text(item["cuda_code"])
+  env = toolchain.build_env()
+  env["TORCH_EXTENSIONS_DIR"] = str(work / "ext")
+  start, cpu0 = time.monotonic(), _cpu_children()
+  proc = subprocess.run([sys.executable, "-c", _NAIVE, str(work / "ref.py"), str(work / "cand.py"),
+                         str(work / "out.json"), device, json.dumps(options)], env=env,
+                        capture_output=True, text=True, check=False, cwd=work)
+  latency, cpu = time.monotonic() - start, _cpu_children() - cpu0
+  try:
+    result = json.loads((work / "out.json").read_text())
+    return result["outcome"], result["message"], latency, cpu
+  except (OSError, ValueError, KeyError):
+    return f"CRASHED(rc={proc.returncode})", proc.stderr[-300:], latency, cpu
+
+
 def run_naive(items: list[dict], parallel: int, device: str, options: dict,
-              toolchain: toolchain_lib.Toolchain) -> tuple[dict, list[float], float]:
-  """One fresh process per candidate, `parallel` at a time. Returns outcomes, latencies, wall."""
+              toolchain: toolchain_lib.Toolchain) -> dict:
   root = pathlib.Path(tempfile.mkdtemp(prefix="naive-"))
-
-  def one(item: dict) -> tuple[str, float]:
-    work = root / str(item["id"])
-    work.mkdir()
-    (work / "ref.py").write_text(item["pytorch_code"])
-    (work / "cand.py").write_text(item["cuda_code"])
-    env = toolchain.build_env()
-    env["TORCH_EXTENSIONS_DIR"] = str(work / "ext")
-    start = time.monotonic()
-    proc = subprocess.run(
-        [sys.executable, "-c", _NAIVE, str(work / "ref.py"), str(work / "cand.py"),
-         str(work / "out.json"), device, json.dumps(options)], env=env, capture_output=True,
-        text=True, check=False, cwd=work)
-    latency = time.monotonic() - start
-    try:
-      outcome = json.loads((work / "out.json").read_text())["outcome"]
-    except (OSError, ValueError):
-      outcome = f"CRASHED(rc={proc.returncode})"
-    return outcome, latency
-
   start = time.monotonic()
   with concurrent.futures.ThreadPoolExecutor(parallel) as pool:
-    results = list(pool.map(one, items))
+    results = list(pool.map(lambda item: _naive_one(item, root, device, options, toolchain),
+                            items))
   wall = time.monotonic() - start
-  outcomes = {item["id"]: r[0] for item, r in zip(items, results)}
-  return outcomes, [r[1] for r in results], wall
+  return {"outcomes": {i["id"]: r[0] for i, r in zip(items, results)},
+          "messages": {i["id"]: r[1] for i, r in zip(items, results)},
+          "latencies": [r[2] for r in results], "cpu_s": sum(r[3] for r in results),
+          "wall": wall}
+
+
+def _stage(verdict: pb.Verdict, *stages: int) -> float:
+  return sum(t.duration_s for t in verdict.stage_timings if t.stage in stages)
 
 
 async def run_service(items: list[dict], latency_items: list[dict], args: argparse.Namespace,
@@ -133,15 +176,15 @@ async def run_service(items: list[dict], latency_items: list[dict], args: argpar
   scheduler = scheduler_lib.Scheduler.create(config, toolchain)
   await scheduler.start()
   server, port, _ = await server_lib.start_server(scheduler)
-  await scheduler._warm_up  # pylint: disable=protected-access  # the precompiled header
+  await scheduler._warm_up  # pylint: disable=protected-access  # header tiers, precompiled header
   startup = time.monotonic() - started
-  print(f"service start-up (workers + precompiled header): {startup:.1f} s", flush=True)
+  print(f"service start-up (workers, header tiers, precompiled header): {startup:.1f} s",
+        flush=True)
   channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}", options=[
       ("grpc.max_receive_message_length", 64 << 20)])
   stub = verifier_pb2_grpc.VerifierStub(channel)
 
-  async def one(item: dict, tag: str) -> tuple[pb.Verdict, float]:
-    t0 = time.monotonic()
+  async def one(item: dict, tag: str, t0: float) -> tuple[pb.Verdict, float]:
     verdict = await stub.Verify(pb.VerifyRequest(
         request_id=f"{tag}-{item['id']}", reference_source=item["pytorch_code"],
         candidate_source=item["cuda_code"], options=options), timeout=3600)
@@ -150,45 +193,114 @@ async def run_service(items: list[dict], latency_items: list[dict], args: argpar
   try:
     latencies = []
     for item in latency_items:
-      verdict, seconds = await one(item, "latency")
+      verdict, seconds = await one(item, "latency", time.monotonic())
       latencies.append(seconds)
-      print(f"  latency {item['id']}: {seconds:.1f} s {pb.Outcome.Name(verdict.outcome)}",
-            flush=True)
+      print(f"  cold, one at a time: {item['id']}: {seconds:.1f} s "
+            f"{pb.Outcome.Name(verdict.outcome)} (compile {_stage(verdict, pb.STAGE_COMPILE):.1f}"
+            " s)", flush=True)
+    cpu0, (busy0, total0) = _cpu_children(), _busy_jiffies()
     start = time.monotonic()
-    results = await asyncio.gather(*(one(item, "throughput") for item in items))
+    results = await asyncio.gather(*(one(item, "throughput", start) for item in items))
     wall = time.monotonic() - start
+    compile_cpu = _cpu_children() - cpu0
+    busy1, total1 = _busy_jiffies()
   finally:
     await channel.close()
     await server.stop(grace=1)
     await scheduler.stop()
   verdicts = [v for v, _ in results]
-  compile_s = [next((t.duration_s for t in v.stage_timings if t.stage == pb.STAGE_COMPILE), 0.0)
-               for v in verdicts]
+  run_stages = (pb.STAGE_LOAD, pb.STAGE_CORRECTNESS, pb.STAGE_TIMING)
   return {"outcomes": {i["id"]: pb.Outcome.Name(v.outcome) for i, v in zip(items, verdicts)},
           "messages": {i["id"]: v.message for i, v in zip(items, verdicts)},
           "latencies": latencies, "loaded_latencies": [s for _, s in results], "wall": wall,
-          "startup": startup, "compile_s": compile_s}
+          "startup": startup, "compile_s": [_stage(v, pb.STAGE_COMPILE) for v in verdicts],
+          "queue_s": [_stage(v, pb.STAGE_QUEUE) for v in verdicts],
+          "run_s": [_stage(v, *run_stages) for v in verdicts], "compile_cpu_s": compile_cpu,
+          "machine_busy": (busy1 - busy0) / max(1, total1 - total0)}
+
+
+def _report(args: argparse.Namespace, items: list[dict], naive_items: list[dict],
+            service: dict, naive: dict | None) -> dict:
+  rate = lambda n, seconds: n / seconds * 3600 if seconds > 0 else float("nan")
+  cores = os.cpu_count() or 1
+  per_verdict_cpu = service["compile_cpu_s"] / len(items)
+  report = {"service": {
+      "median_cold_latency_s": _median(service["latencies"]),
+      "cold_latencies_s": service["latencies"],
+      "median_latency_under_load_s": _median(service["loaded_latencies"]),
+      "p90_latency_under_load_s": _quantile(service["loaded_latencies"], 0.9),
+      "max_latency_under_load_s": max(service["loaded_latencies"]),
+      "median_compile_stage_s": _median(service["compile_s"]),
+      "median_gpu_queue_s": _median(service["queue_s"]),
+      "median_run_stage_s": _median(service["run_s"]),
+      "verdicts_per_hour": rate(len(items), service["wall"]),
+      "verdicts_per_hour_with_startup": rate(len(items), service["wall"] + service["startup"]),
+      "compile_cpu_s_per_verdict": per_verdict_cpu,
+      "compile_bound_verdicts_per_hour": rate(1, per_verdict_cpu / cores),
+      "machine_cpu_busy": service["machine_busy"], "cores": cores,
+      "startup_s": service["startup"], "wall_s": service["wall"],
+      "outcomes": service["outcomes"]}}
+  s = report["service"]
+  print("\n== results ==")
+  print(f"service: start-up {s['startup_s']:.1f} s; cold latency one at a time: median "
+        f"{s['median_cold_latency_s']:.1f} s over {len(service['latencies'])} candidates")
+  print(f"service: {len(items)} candidates at once: {s['verdicts_per_hour']:.0f} verdicts/hour "
+        f"({s['wall_s']:.1f} s); counting start-up {s['verdicts_per_hour_with_startup']:.0f}/hour")
+  print(f"service: latency under that load: median {s['median_latency_under_load_s']:.1f} s, "
+        f"p90 {s['p90_latency_under_load_s']:.1f} s, max {s['max_latency_under_load_s']:.1f} s; "
+        f"stages (median): compile {s['median_compile_stage_s']:.1f} s, GPU queue "
+        f"{s['median_gpu_queue_s']:.1f} s, run {s['median_run_stage_s']:.1f} s")
+  print(f"service: compiler CPU {per_verdict_cpu:.1f} s/verdict (compile-bound at "
+        f"{s['compile_bound_verdicts_per_hour']:.0f}/hour on {cores} cores); machine CPU "
+        f"{100 * s['machine_cpu_busy']:.0f}% busy during the burst")
+  if naive is not None:
+    report["naive"] = n = {
+        "median_cold_latency_s": _median(naive["latencies"]),
+        "verdicts_per_hour": rate(len(naive_items), naive["wall"]), "wall_s": naive["wall"],
+        "cpu_s_per_verdict": naive["cpu_s"] / len(naive_items), "outcomes": naive["outcomes"]}
+    disagree = {k: (v, service["outcomes"][k]) for k, v in naive["outcomes"].items()
+                if v != service["outcomes"][k]}
+    report["disagreements"] = disagree
+    report["throughput_ratio"] = s["verdicts_per_hour"] / n["verdicts_per_hour"]
+    report["latency_ratio"] = n["median_cold_latency_s"] / s["median_cold_latency_s"]
+    print(f"naive:   {len(naive_items)} candidates, {args.naive_parallel} processes at a time: "
+          f"{n['verdicts_per_hour']:.0f} verdicts/hour ({n['wall_s']:.1f} s); median latency "
+          f"{n['median_cold_latency_s']:.1f} s per candidate; {n['cpu_s_per_verdict']:.1f} CPU "
+          "s/verdict (build and run)")
+    print(f"ratio:   throughput {report['throughput_ratio']:.1f}x, cold latency "
+          f"{report['latency_ratio']:.1f}x")
+    print(f"verdicts agree on {len(naive_items) - len(disagree)}/{len(naive_items)} candidates "
+          "both paths verified")
+    for key, (theirs, ours) in disagree.items():
+      print(f"  {key}: naive {theirs} ({naive['messages'][key][:120]}) vs service {ours} "
+            f"({service['messages'][key][:120]})")
+  counts = {}
+  for outcome in s["outcomes"].values():
+    counts[outcome] = counts.get(outcome, 0) + 1
+  print(f"service outcomes: {counts}")
+  return report
 
 
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--data", default="../shared/data/dice/kernel_infilling_evaluation.json",
-                      help="DICE infilling JSON")
-  parser.add_argument("--candidates", type=int, default=32,
-                      help="distinct candidates for the throughput runs (default %(default)s)")
-  parser.add_argument("--naive-candidates", type=int, default=0,
-                      help="run the naive path on only the first N of them (0: all)")
+                      help="DICE infilling JSON (default %(default)s)")
+  parser.add_argument("--candidates", type=int, default=64,
+                      help="distinct candidates submitted at once (default %(default)s)")
   parser.add_argument("--latency-candidates", type=int, default=8,
-                      help="further distinct candidates verified one at a time by the service "
-                           "for its cold latency (default %(default)s)")
+                      help="further distinct candidates verified one at a time first, for the "
+                           "cold latency (default %(default)s)")
+  parser.add_argument("--naive-candidates", type=int, default=16,
+                      help="run the naive path on the first N of the burst's candidates (0: all; "
+                           "default %(default)s)")
   cpus = os.cpu_count() or 2
   parser.add_argument("--naive-parallel", type=int, default=max(1, cpus // 2),
-                      help="naive processes at a time (each compiles 2 translation units in "
+                      help="naive candidates at a time (each compiles 2 translation units in "
                            "parallel; default CPUs/2 = %(default)s)")
   parser.add_argument("--compile-workers", type=int, default=cpus,
                       help="service compiler processes (default CPUs = %(default)s)")
-  parser.add_argument("--slots-per-gpu", type=int, default=2,
+  parser.add_argument("--slots-per-gpu", type=int, default=4,
                       help="service GPU worker slots per GPU (default %(default)s)")
   parser.add_argument("--timing-trials", type=int, default=100,
                       help="timed calls per side, both paths (default %(default)s)")
@@ -198,68 +310,25 @@ def main() -> None:
   parser.add_argument("--json", default="", help="write every number to this file")
   args = parser.parse_args()
 
+  began = time.monotonic()
   toolchain = toolchain_lib.discover()
-  items = load_items(args.data, args.candidates)
-  latency_items = load_items(args.data, args.latency_candidates, skip=args.candidates)
+  latency_items = load_items(args.data, args.latency_candidates)
+  items = load_items(args.data, args.candidates, skip=args.latency_candidates)
   options = pb.VerifyOptions(num_timing_trials=args.timing_trials)
   naive_items = items[:args.naive_candidates] if args.naive_candidates else items
-  print(f"{len(items)} candidates; service: {args.compile_workers} compiler processes, "
-        f"{args.slots_per_gpu} slots/GPU; naive: {args.naive_parallel} processes at a time on "
-        f"{len(naive_items)} candidates; {'no GPU (compile only)' if args.no_gpu else 'GPU'}",
-        flush=True)
-
+  print(f"{len(items)} candidates at once + {len(latency_items)} one at a time; service: "
+        f"{args.compile_workers} compiler processes, {args.slots_per_gpu} slots/GPU; naive: "
+        f"{len(naive_items)} candidates, {args.naive_parallel} at a time; "
+        f"{'no GPU (compile only)' if args.no_gpu else 'GPU'}", flush=True)
   service = asyncio.run(run_service(items, latency_items, args, toolchain, options))
-  rate = lambda n, seconds: n / seconds * 3600 if seconds > 0 else float("nan")
-  report = {
-      "service": {"median_cold_latency_s": _median(service["latencies"]),
-                  "median_latency_under_load_s": _median(service["loaded_latencies"]),
-                  "median_compile_stage_s": _median(service["compile_s"]),
-                  "verdicts_per_hour": rate(len(items), service["wall"]),
-                  "verdicts_per_hour_with_startup": rate(len(items),
-                                                         service["wall"] + service["startup"]),
-                  "startup_s": service["startup"], "wall_s": service["wall"],
-                  "outcomes": service["outcomes"]}}
+  naive = None
   if not args.skip_naive:
-    naive_options = {
-        "precision": "FP32", "num_correctness_trials": 5, "atol": 0.0, "rtol": 0.0,
-        "skip_timing": False, "num_timing_trials": args.timing_trials, "seed": 42}
-    outcomes, latencies, wall = run_naive(naive_items, args.naive_parallel,
-                                          "none" if args.no_gpu else "cuda", naive_options,
-                                          toolchain)
-    report["naive"] = {"median_cold_latency_s": _median(latencies),
-                       "verdicts_per_hour": rate(len(naive_items), wall), "wall_s": wall,
-                       "outcomes": outcomes}
-    disagree = {k: (v, service["outcomes"][k]) for k, v in outcomes.items()
-                if v != service["outcomes"][k]}
-    report["disagreements"] = disagree
-    report["throughput_ratio"] = (report["service"]["verdicts_per_hour"] /
-                                  report["naive"]["verdicts_per_hour"])
-    report["latency_ratio"] = (report["naive"]["median_cold_latency_s"] /
-                               report["service"]["median_cold_latency_s"])
-
-  s = report["service"]
-  print("\n== results ==")
-  print(f"service: median cold latency {s['median_cold_latency_s']:.1f} s (one at a time, "
-        f"{len(latency_items)} candidates); under load {s['median_latency_under_load_s']:.1f} s; "
-        f"median compile stage {s['median_compile_stage_s']:.1f} s")
-  print(f"service: {s['verdicts_per_hour']:.0f} verdicts/hour ({len(items)} in "
-        f"{s['wall_s']:.1f} s); with start-up {s['verdicts_per_hour_with_startup']:.0f}/hour")
-  if "naive" in report:
-    n = report["naive"]
-    print(f"naive:   median cold latency {n['median_cold_latency_s']:.1f} s (per process, "
-          f"{args.naive_parallel} at a time)")
-    print(f"naive:   {n['verdicts_per_hour']:.0f} verdicts/hour ({len(naive_items)} in "
-          f"{n['wall_s']:.1f} s)")
-    print(f"ratio:   throughput {report['throughput_ratio']:.1f}x, latency "
-          f"{report['latency_ratio']:.1f}x")
-    agree = len(naive_items) - len(report["disagreements"])
-    print(f"verdicts agree on {agree}/{len(naive_items)}")
-    for key, (naive, ours) in report["disagreements"].items():
-      print(f"  {key}: naive {naive} vs service {ours}: {service['messages'][key][:150]}")
-  outcome_counts = {}
-  for outcome in s["outcomes"].values():
-    outcome_counts[outcome] = outcome_counts.get(outcome, 0) + 1
-  print(f"service outcomes: {outcome_counts}")
+    naive_options = config_lib.resolve_options(options, config_lib.ServerConfig())  # as served
+    print(f"naive path on {len(naive_items)} candidates ...", flush=True)
+    naive = run_naive(naive_items, args.naive_parallel, "none" if args.no_gpu else "cuda",
+                      naive_options, toolchain)
+  report = _report(args, items, naive_items, service, naive)
+  print(f"benchmark wall time {time.monotonic() - began:.0f} s")
   if args.json:
     pathlib.Path(args.json).write_text(json.dumps(report, indent=1, default=str))
 

@@ -23,12 +23,14 @@ import asyncio
 import json
 import pathlib
 import sys
+import time
 import uuid
 
 from google.protobuf import json_format
 
 from dice.verifier.v1 import verifier_pb2 as pb
 
+from verifier_service import compile_cache
 from verifier_service import config as config_lib
 from verifier_service import logs
 from verifier_service import remote
@@ -63,15 +65,20 @@ def _add_common(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> No
   parser.add_argument("--cache-dir", type=pathlib.Path, default=defaults.cache_dir,
                       help="compile cache and precompiled headers (default %(default)s; "
                            "$DICE_VERIFIER_CACHE overrides)")
+  parser.add_argument("--cache-max-bytes", type=compile_cache.parse_size, metavar="SIZE",
+                      default=defaults.cache_max_bytes,
+                      help="prune the cache folder's least recently used entries beyond SIZE, "
+                           "e.g. 4G (default 10G; 0: unbounded)")
   parser.add_argument("--compile-timeout", type=float, default=defaults.compile_timeout_s,
                       help="default compile-stage limit in seconds (default %(default)s)")
   parser.add_argument("--run-timeout", type=float, default=defaults.run_timeout_s,
                       help="default limit in seconds for load + correctness + timing "
                            "(default %(default)s)")
   parser.add_argument("--no-pch", action="store_true",
-                      help="do not use the precompiled torch/extension.h for main.cpp")
+                      help="do not use precompiled torch headers for main.cpp")
   parser.add_argument("--no-light-headers", action="store_true",
-                      help="compile CUDA sources with torch/extension.h as written")
+                      help="compile sources with the torch headers as written (no lighter "
+                           "header tiers)")
   parser.add_argument("--cpu-test-mode", action="store_true",
                       help="DEVELOPMENT ONLY: run candidates whose load_inline has only C++ "
                            "sources on CPU workers (exercises the worker without a GPU; proves "
@@ -103,7 +110,8 @@ def _add_logging(parser: argparse.ArgumentParser) -> None:
 def _config(args: argparse.Namespace, **extra) -> config_lib.ServerConfig:
   return config_lib.ServerConfig(
       gpus=args.gpus, slots_per_gpu=args.slots_per_gpu, compile_workers=args.compile_workers,
-      cache_dir=args.cache_dir, compile_timeout_s=args.compile_timeout,
+      cache_dir=args.cache_dir, cache_max_bytes=args.cache_max_bytes,
+      compile_timeout_s=args.compile_timeout,
       run_timeout_s=args.run_timeout, use_pch=not args.no_pch,
       light_headers=not args.no_light_headers, cpu_test_mode=args.cpu_test_mode,
       sandbox=not args.no_sandbox, sandbox_strict=args.sandbox_strict,
@@ -193,12 +201,13 @@ def build_parser() -> argparse.ArgumentParser:
   on.add_argument("--timeout", type=float, default=1800.0,
                   help="seconds from sending a candidate to its verdict (default %(default)s)")
   _add_common(check.add_argument_group("verifying here (not with --server)"))
+  compile_cache.add_parser(sub, config_lib.ServerConfig().cache_dir)
   return parser
 
 
 _REMOTE_ONLY = ("auth_token_file", "tls", "tls_ca", "tls_cert", "tls_key", "tls_server_name")
-_LOCAL_ONLY = ("gpus", "slots_per_gpu", "compile_workers", "cache_dir", "compile_timeout", "run_timeout",
-               "no_pch", "no_light_headers", "cpu_test_mode", "no_sandbox", "sandbox_strict",
+_LOCAL_ONLY = ("gpus", "slots_per_gpu", "compile_workers", "cache_dir", "cache_max_bytes",
+               "compile_timeout", "run_timeout", "no_pch", "no_light_headers", "cpu_test_mode", "no_sandbox", "sandbox_strict",
                "sandbox_uid_base", "sandbox_memory", "gpu_memory_fraction")
 
 
@@ -252,15 +261,26 @@ def _precheck(request: pb.VerifyRequest, config: config_lib.ServerConfig) -> pb.
 
 
 async def _verify_all(paths: list[pathlib.Path], requests: list[pb.VerifyRequest], verify,
-                      limits: config_lib.ServerConfig) -> list[pb.Verdict]:
-  """Every request through `verify` (a coroutine function), concurrently, with a progress bar."""
+                      limits: config_lib.ServerConfig, compiler=None) -> list[pb.Verdict]:
+  """Every request through `verify` (a coroutine function), concurrently, with a progress bar;
+  a local `compiler`'s steps show in it (first runs build headers: minutes)."""
   from rich.console import Console  # pylint: disable=import-outside-toplevel
   from rich.progress import (BarColumn, Progress, SpinnerColumn,  # pylint: disable=import-outside-toplevel
                              TextColumn, TimeElapsedColumn)
+  console, started = Console(stderr=True), time.monotonic()
   with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
                 TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(),
-                console=Console(stderr=True), transient=len(requests) == 1) as progress:
+                console=console, transient=len(requests) == 1) as progress:
     bar = progress.add_task("verifying", total=len(requests))
+
+    def show(event) -> None:
+      progress.update(bar, description=event.text)
+      if not console.is_terminal:  # a pipe or a log: a line per step instead of a live bar
+        console.print(f"[{time.monotonic() - started:6.1f} s] {event.text}", markup=False,
+                      highlight=False, soft_wrap=True)
+
+    if compiler is not None:
+      compiler.on_progress = show
 
     async def one(path: pathlib.Path, request: pb.VerifyRequest) -> pb.Verdict:
       verdict = _precheck(request, limits) or await verify(request)
@@ -299,7 +319,8 @@ async def _check(args: argparse.Namespace) -> list[pb.Verdict]:
   scheduler = scheduler_lib.Scheduler.create(config)
   await scheduler.start()
   try:
-    return await _verify_all(args.candidates, requests, scheduler.verify, config)
+    return await _verify_all(args.candidates, requests, scheduler.verify, config,
+                             scheduler.compiler)
   finally:
     await scheduler.stop()
 
@@ -326,6 +347,8 @@ def _summary(paths: list[pathlib.Path], verdicts: list[pb.Verdict]) -> None:
 def main(argv: list[str] | None = None) -> int:
   parser = build_parser()
   args = parser.parse_args(argv)
+  if args.command == "cache":
+    return compile_cache.run(args)
   logs.setup(args.log_level.upper(), json_lines=not args.plain_logs)
   if args.command == "serve":
     from verifier_service import server  # pylint: disable=import-outside-toplevel

@@ -4,19 +4,25 @@ What is built is exactly what `torch.utils.cpp_extension.load_inline` builds (bu
 same main.cpp and cuda.cu, the flags of torch's own ninja writer, torch's link line). What makes
 it fast (each measured in `benchmarks/verifier_compile.py`):
 
-1. Header tiers for cuda.cu (header_tiers.py): the lightest torch headers that build the source
-   (lite, then torch/types.h, then the source as written), falling back on failure, so a verdict
-   never differs from the naive path's; only its cost does.
-2. nvcc's host and device front ends run concurrently (nvcc_split.py): less wall time, same work.
-3. A g++ precompiled header of `torch/extension.h` for `main.cpp`, built once per toolchain and
-   flag set (only when the candidate adds no C++ flags of its own); a header g++ would not use is
-   reported and dropped.
-4. Both translation units compile concurrently in a bounded process pool that serves the
+1. Header tiers (header_tiers.py): the lightest torch headers that build each translation unit,
+   falling back to the source as written on failure, so a verdict never differs from the naive
+   path's; only its cost does. cuda.cu: lite, then torch/types.h, then as written. main.cpp:
+   lite plus the binding headers (a third of torch/extension.h's parse), then as written.
+2. g++ precompiled headers for main.cpp (pch.py): the lite binding header, built at start-up;
+   torch/extension.h's (~750 MB, ~30 s) only once some main.cpp falls back to the original.
+3. nvcc's host and device front ends run concurrently (nvcc_split.py): less wall time, same work.
+   At a light tier the module id is the tier's and paths are relative to the work folder, so the
+   host code nvcc compiles last starts with the same text for every candidate, which host_pch.py
+   precompiles (the same object, a third of that step's CPU).
+4. Both translation units compile concurrently in a bounded, niced process pool that serves the
    earliest request first (compile_procs.py).
 5. A content-addressed cache per object file and per linked module: a phase-1 (infilling) problem
-   keeps its C++ scaffold fixed, so across rollouts only `cuda.cu` is ever compiled again.
+   keeps its C++ scaffold fixed, so across rollouts only `cuda.cu` is ever compiled again. The
+   folder is bounded by least-recently-used pruning (compile_cache.py).
 
 Compilers run as their own process group; a deadline or a cancelled request kills the group.
+`on_progress` receives what the stage is doing (shared one-off builds included), for
+`dice-verifier check`'s display.
 """
 
 from __future__ import annotations
@@ -29,27 +35,37 @@ import json
 import logging
 import os
 import pathlib
-import re
 import shutil
 import tempfile
 import time
+from typing import Callable
 
 from verifier_service import buildspec
+from verifier_service import compile_cache
 from verifier_service import compile_procs
 from verifier_service import header_tiers
+from verifier_service import host_pch
 from verifier_service import nvcc_split
+from verifier_service import pch as pch_lib
 from verifier_service import singleflight
 from verifier_service import sources
+from verifier_service import tier_environment
 from verifier_service import toolchain as toolchain_lib
 
 log = logging.getLogger(__name__)
 
-_PCH_HEADER = "torch_extension_pch.h"
-_NAME_DEFINE_RE = re.compile(r"^-DTORCH_EXTENSION_NAME=")
-_PCH_REJECTED_RE = re.compile(r"\.gch[^\n]*(not used|invalid)|cannot use precompiled", re.I)
+LITE, ORIGINAL = header_tiers.LITE, header_tiers.ORIGINAL
 _TIERS = (header_tiers.LITE, header_tiers.TYPES)
+_ORIGINAL_PCH = ("#include <torch/extension.h>\n", "torch_extension_pch.h")
 
 ProcessFailed = compile_procs.ProcessFailed  # kept importable from here
+
+
+@dataclasses.dataclass(frozen=True)
+class Progress:
+  """What the compile stage is doing: `stage` is headers, pch, compile, link or done."""
+  stage: str
+  text: str
 
 
 @dataclasses.dataclass
@@ -61,9 +77,11 @@ class BuildResult:
   log_truncated: bool = False
   cache_hit: bool = False
   cache_key: str = ""
-  header_tier: str = ""  # "lite", "types" or "original" (header_tiers.py)
+  header_tier: str = ""  # cuda.cu: "lite", "types" or "original" (header_tiers.py)
   tier_notes: dict[str, str] = dataclasses.field(default_factory=dict)  # why lighter tiers weren't used
-  pch_used: bool = False
+  main_tier: str = ""  # main.cpp: "lite" or "original"
+  main_notes: dict[str, str] = dataclasses.field(default_factory=dict)
+  pch_used: bool = False  # main.cpp was compiled with a precompiled header
   timed_out: bool = False
   duration_s: float = 0.0
 
@@ -75,6 +93,10 @@ class BuildResult:
 
 def _digest(*parts: object) -> str:
   return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _lighter(tier: str) -> bool:
+  return tier not in ("", ORIGINAL)
 
 
 def bound_log(text: str, limit: int) -> tuple[str, bool]:
@@ -93,29 +115,53 @@ class Compiler:
 
   def __init__(self, toolchain: toolchain_lib.Toolchain, cache_dir: pathlib.Path,
                max_jobs: int, max_log_bytes: int = 64 << 10, use_pch: bool = True,
-               light_headers: bool = True, split_nvcc: bool = True):
+               light_headers: bool = True, split_nvcc: bool = True,
+               cache_max_bytes: int = compile_cache.DEFAULT_MAX_BYTES, nice: int = 10,
+               main_tiers: bool = True):
     self.toolchain = toolchain
     self.cache_dir = pathlib.Path(cache_dir)
     self.max_jobs = max_jobs
     self.max_log_bytes = max_log_bytes
     self.use_pch = use_pch
     self.tiers = _TIERS if light_headers else ()
+    self.main_tiers = (LITE,) if light_headers and main_tiers else ()
     self.split_nvcc = split_nvcc
-    self._runner = compile_procs.ProcessRunner(max_jobs, toolchain.build_env())
+    self._on_progress: Callable[[Progress], None] | None = None
+    self._early: list[Progress] = []  # reported before anyone listened (start-up), replayed
+    for sub in ("obj", "so", "builds", "pch", "headers", "tmp"):
+      (self.cache_dir / sub).mkdir(parents=True, exist_ok=True)
+    self._in_use = compile_cache.hold_shared(self.cache_dir)
+    self._runner = compile_procs.ProcessRunner(max_jobs, toolchain.build_env(), nice=nice)
+    self._bound = compile_cache.Bound(self.cache_dir, cache_max_bytes, self._protected)
+    self._pch = pch_lib.PrecompiledHeaders(self.cache_dir / "pch", self.cache_dir / "tmp",
+                                           toolchain.fingerprint, self._runner, self._report,
+                                           self._bound.added)
+    self._host = host_pch.HostHeaders(self._pch) if use_pch else None
     self._flags: dict[tuple, buildspec.BuildFlags] = {}
     self._builds: singleflight.SingleFlight[BuildResult] = singleflight.SingleFlight()
     self._objects: singleflight.SingleFlight[str] = singleflight.SingleFlight()
-    self._pch: dict[str, asyncio.Task[str | None]] = {}
     self._envs: dict[str, asyncio.Task[header_tiers.Environment | None]] = {}
     self._arrivals = itertools.count(1)
     lite = (pathlib.Path(header_tiers.__file__).parent / "torch_lite.h").read_text()
-    self._policy = _digest("policy", header_tiers.VERSION, lite, self.tiers, use_pch, split_nvcc)
+    self._policy = _digest("policy", header_tiers.VERSION, lite, self.tiers, self.main_tiers,
+                           use_pch, split_nvcc)
     self.hits = 0
     self.misses = 0
-    for sub in ("obj", "so", "builds", "pch", "headers", "tmp"):
-      (self.cache_dir / sub).mkdir(parents=True, exist_ok=True)
 
   # ------------------------------------------------------------------ public
+
+  @property
+  def on_progress(self) -> Callable[[Progress], None] | None:
+    """Called with each step of the stage; set after start-up began, it first gets the steps
+    reported so far (a display opened after `warm_up` started still shows what it does)."""
+    return self._on_progress
+
+  @on_progress.setter
+  def on_progress(self, callback: Callable[[Progress], None] | None) -> None:
+    self._on_progress = callback
+    early, self._early = self._early, []
+    for event in early if callback is not None else ():
+      self._report(event.stage, event.text)
 
   def flags(self, ext: sources.InlineExtension) -> buildspec.BuildFlags:
     with_cuda = bool(ext.cuda_sources) if ext.with_cuda is None else ext.with_cuda
@@ -139,6 +185,9 @@ class Compiler:
     record = self._read_record(key)
     if record is not None:
       self.hits += 1
+      compile_cache.touch(self._record_path(key))
+      if record.so_path:
+        compile_cache.touch(pathlib.Path(record.so_path).parent)
       return dataclasses.replace(record, cache_hit=True, duration_s=time.monotonic() - start)
     self.misses += 1
     priority = compile_procs.PRIORITY.set(next(self._arrivals))
@@ -153,42 +202,60 @@ class Compiler:
       compile_procs.PRIORITY.reset(priority)
     return dataclasses.replace(result, duration_s=time.monotonic() - start)
 
+  async def settle(self) -> None:
+    """Waits for shared header builds in progress, including background ones."""
+    await self._pch.settle()
+
   async def close(self) -> None:
     """Cancels shared builds (precompiled headers, header environments) and reaps them."""
-    tasks = list(self._pch.values()) + list(self._envs.values())
+    tasks = list(self._envs.values())
     for task in tasks:
       task.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
+    await asyncio.gather(self._pch.close(), self._bound.close(), *tasks, return_exceptions=True)
+    self._in_use.close()
 
   def stats(self) -> dict[str, int]:
     """Cache entries, hits, misses and bytes on disk."""
-    size = 0
-    for root, _, files in os.walk(self.cache_dir):
-      for name in files:
-        try:
-          size += os.path.getsize(os.path.join(root, name))
-        except OSError:
-          pass
+    size = compile_cache.tree_size(self.cache_dir)
     entries = sum(1 for _ in (self.cache_dir / "builds").glob("*.json"))
     return {"entries": entries, "hits": self.hits, "misses": self.misses, "size_bytes": size}
 
   async def warm_up(self) -> str | None:
-    """Builds the precompiled header and the header tiers for the default flag set ahead of the
-    first request; returns the precompiled header (None if g++ could not build one)."""
+    """Prepares what the first request would otherwise wait for: the header tiers and main.cpp's
+    precompiled header (the lite one; torch/extension.h's without tiers). Returns that header's
+    path if it is precompiled."""
     probe = sources.InlineExtension(name="dice_warmup", cpp_sources=(), cuda_sources=("",),
                                     functions=())
     flags = self.flags(probe)
-    pch, _ = await asyncio.gather(
-        self._ensure_pch(flags),
-        self._ensure_env(flags, "extension") if self.tiers else asyncio.sleep(0))
-    return pch
+
+    async def main_header() -> pch_lib.Header | None:
+      if not self.use_pch:
+        return None
+      if not self.main_tiers:
+        return await self._original_pch(flags)
+      env = await self._ensure_env(self._cxx_argv(flags), header_tiers.BINDING)
+      return await self._tier_header(flags, env, LITE) if env and LITE in env.blocks else None
+
+    header, _ = await asyncio.gather(
+        main_header(),
+        self._ensure_env(self._nvcc_argv(flags), "extension") if self.tiers else asyncio.sleep(0))
+    return header.path if header is not None and header.precompiled else None
 
   async def header_environment(
       self, ext: sources.InlineExtension) -> header_tiers.Environment | None:
     """The header tiers available to `ext`'s CUDA source (None: it is built as written)."""
     _, cuda_text = buildspec.render_sources(ext)
     level = header_tiers.original_level(cuda_text or "")
-    return await self._ensure_env(self.flags(ext), level) if (level and self.tiers) else None
+    return await self._ensure_env(self._nvcc_argv(self.flags(ext)), level) if (
+        level and self.tiers) else None
+
+  async def binding_environment(
+      self, ext: sources.InlineExtension) -> header_tiers.Environment | None:
+    """The header tiers available to `ext`'s main.cpp (None: it is built as written)."""
+    main_text, _ = buildspec.render_sources(ext)
+    level = header_tiers.binding_level(main_text)
+    return await self._ensure_env(self._cxx_argv(self.flags(ext)), level) if (
+        level and self.main_tiers) else None
 
   # ------------------------------------------------------------------ records
 
@@ -209,29 +276,26 @@ class Compiler:
     tmp = self.cache_dir / "tmp" / f"{key}.{os.getpid()}.json"
     tmp.write_text(json.dumps(dataclasses.asdict(result)))
     os.replace(tmp, self._record_path(key))
+    self._bound.added(self._record_path(key))
 
   # ------------------------------------------------------------------ building
+
+  def _report(self, stage: str, text: str) -> None:
+    if self._on_progress is None:
+      self._early = (self._early + [Progress(stage, text)])[-32:]
+      return
+    try:
+      self._on_progress(Progress(stage, text))
+    except Exception:  # pylint: disable=broad-except  (a display must not fail a build)
+      log.exception("progress callback failed")
 
   async def _build(self, ext: sources.InlineExtension, key: str) -> BuildResult:
     flags = self.flags(ext)
     main_text, cuda_text = buildspec.render_sources(ext)
-    want_pch = self.use_pch and not ext.no_implicit_headers and not ext.extra_cflags and not (
-        ext.extra_include_paths)
-    pch = None
-
-    async def main_object() -> str:
-      # Waits for the precompiled header (if still building); cuda.cu is not held up by it.
-      nonlocal pch
-      pch = await self._ensure_pch(flags) if want_pch else None
-      cmd = list(flags.cxx) + (["-include", pch, "-Winvalid-pch"] if pch else [])
-      cmd += list(flags.cflags) + ["-c", "{src}", "-o", "{out}"] + list(flags.post_cflags)
-      obj, output = await self._object(cmd, main_text, "main.cpp")
-      if pch and _PCH_REJECTED_RE.search(output):
-        log.warning("g++ did not use the precompiled header: %s", output[-1000:])
-        pch = None
-      return obj
-
-    tasks = [asyncio.ensure_future(main_object())]
+    start = time.monotonic()
+    self._report("compile", f"compiling {ext.name}: main.cpp" + (" and cuda.cu" if cuda_text
+                                                                 is not None else ""))
+    tasks = [asyncio.ensure_future(self._main_object(ext, flags, main_text, self.main_tiers))]
     if cuda_text is not None:
       tasks.append(asyncio.ensure_future(self._cuda_object(flags, cuda_text, self.tiers)))
     try:
@@ -239,16 +303,21 @@ class Compiler:
       for task in done:
         if isinstance(task.exception(), ProcessFailed):
           return self._failed(key, task.exception().log)
-      main_obj = tasks[0].result()
+      main_obj, main_tier, main_notes, pch_used = tasks[0].result()
       cuda_obj, tier, notes = tasks[1].result() if len(tasks) > 1 else (None, "", {})
+      self._report("link", f"linking {ext.name}")
       try:
         so_path = await self._link(flags, ext.name, main_obj, cuda_obj)
       except ProcessFailed as e:
-        if tier in ("", header_tiers.ORIGINAL):
+        if not (_lighter(main_tier) or _lighter(tier)):
           return self._failed(key, e.log)
-        try:  # a lighter object that compiles but does not link: fall back to the original
-          notes[tier] = "compiled but did not link"
-          cuda_obj, tier, _ = await self._cuda_object(flags, cuda_text, ())
+        try:  # lighter objects that compile but do not link: fall back to the originals
+          if _lighter(main_tier):
+            main_notes[main_tier] = "compiled but did not link"
+            main_obj, main_tier, _, pch_used = await self._main_object(ext, flags, main_text, ())
+          if _lighter(tier):
+            notes[tier] = "compiled but did not link"
+            cuda_obj, tier, _ = await self._cuda_object(flags, cuda_text, ())
           so_path = await self._link(flags, ext.name, main_obj, cuda_obj)
         except ProcessFailed as e2:
           return self._failed(key, e2.log)
@@ -257,17 +326,57 @@ class Compiler:
         task.cancel()
       # Reap the other translation unit's compiler before returning (or propagating a cancel).
       await asyncio.gather(*tasks, return_exceptions=True)
-    result = BuildResult(ok=True, so_path=so_path, cache_key=key, pch_used=bool(pch),
-                         header_tier=tier, tier_notes=notes)
+    self._report("done", f"compiled {ext.name} in {time.monotonic() - start:.1f} s")
+    result = BuildResult(ok=True, so_path=so_path, cache_key=key, pch_used=pch_used,
+                         header_tier=tier, tier_notes=notes, main_tier=main_tier,
+                         main_notes=main_notes)
     self._write_record(key, result)
     return result
+
+  async def _main_object(self, ext: sources.InlineExtension, flags: buildspec.BuildFlags,
+                         main_text: str, tiers: tuple[str, ...]
+                         ) -> tuple[str, str, dict[str, str], bool]:
+    """main.cpp at the lightest tier that compiles: (object, tier, why lighter tiers were not
+    used, precompiled header used). Raises ProcessFailed with the original source's log."""
+    as_written = ext.no_implicit_headers or ext.extra_cflags or ext.extra_include_paths
+    level = None if (as_written or not tiers) else header_tiers.binding_level(main_text)
+    env = await self._ensure_env(self._cxx_argv(flags), level) if level else None
+    variants, notes = header_tiers.plan(main_text, env, tiers, level=level)
+    for tier, text in variants:
+      if tier == ORIGINAL:
+        header = await self._original_pch(flags) if self.use_pch and not as_written else None
+        if header is not None and not header.precompiled:
+          header = None  # compile as written, without it
+      else:
+        header = await self._tier_header(flags, env, tier)
+        if header is None:
+          notes[tier] = env.unavailable.get(tier, "unavailable")
+          continue
+      include = ["-include", header.path, "-Winvalid-pch"] if header else []
+      cmd = list(flags.cxx) + include + list(flags.cflags) + [
+          "-c", "{src}", "-o", "{out}"] + list(flags.post_cflags)
+      try:
+        obj, output = await self._object(cmd, text, "main.cpp")
+      except ProcessFailed as e:
+        if tier == ORIGINAL:
+          raise
+        notes[tier] = "did not compile"
+        if header_tiers.broken_by_tier(e.log, tier):
+          self._disable_tier(env, tier, e.log)
+        continue
+      used = bool(header and header.precompiled)
+      if used and pch_lib.REJECTED_RE.search(output):
+        log.warning("g++ did not use the precompiled header: %s", output[-1000:])
+        used = False
+      return obj, tier, notes, used
+    raise AssertionError("plan() always ends with the original source")
 
   async def _cuda_object(self, flags: buildspec.BuildFlags, cuda_text: str,
                          tiers: tuple[str, ...]) -> tuple[str, str, dict[str, str]]:
     """cuda.cu at the lightest tier that compiles: (object, tier, why lighter tiers were not
     used). Raises ProcessFailed with the original source's log if nothing compiles."""
     level = header_tiers.original_level(cuda_text)
-    env = await self._ensure_env(flags, level) if (tiers and level) else None
+    env = await self._ensure_env(self._nvcc_argv(flags), level) if (tiers and level) else None
     variants, notes = header_tiers.plan(cuda_text, env, tiers)
     lite_log = None
     for tier, text in variants:
@@ -275,19 +384,20 @@ class Compiler:
           header_tiers.types_may_help(lite_log, env)):
         notes[tier] = "not tried: the lite build failed only on names no torch header declares"
         continue
-      extra = [] if tier == header_tiers.ORIGINAL else ["-isystem", str(self._env_dir(env.key))]
+      extra = [] if tier == ORIGINAL else ["-isystem", str(self._env_dir(env.key))]
       cmd = list(flags.nvcc) + list(flags.cuda_cflags) + extra + [
           "-c", "{src}", "-o", "{out}"] + list(flags.cuda_post_cflags)
+      module_id = None if tier == ORIGINAL else f"_{env.key[:8]}_dice_{env.key[8:24]}"
       try:
-        obj, _ = await self._object(cmd, text, "cuda.cu")
+        obj, _ = await self._object(cmd, text, "cuda.cu", module_id)
         return obj, tier, notes
       except ProcessFailed as e:
-        if tier == header_tiers.ORIGINAL:
+        if tier == ORIGINAL:
           raise
         notes[tier] = "did not compile"
         if header_tiers.broken_by_tier(e.log, tier):
           self._disable_tier(env, tier, e.log)
-        if tier == header_tiers.LITE:
+        if tier == LITE:
           lite_log = e.log
     raise AssertionError("plan() always ends with the original source")
 
@@ -297,33 +407,40 @@ class Compiler:
     self._write_record(key, result)
     return result
 
-  async def _object(self, cmd: list[str], text: str, filename: str) -> tuple[str, str]:
-    """Compiles one translation unit (cached by content and command): (.o path, compiler output)."""
+  async def _object(self, cmd: list[str], text: str, filename: str,
+                    module_id: str | None = None) -> tuple[str, str]:
+    """Compiles one translation unit (cached by content and command): (.o path, compiler output).
+    `module_id`: nvcc's, for a split compile at a light tier (else one from the source)."""
     split = self.split_nvcc and filename.endswith(".cu")
-    key = _digest("obj", self.toolchain.fingerprint, cmd, text, split)
+    key = _digest("obj", self.toolchain.fingerprint, cmd, text, split, module_id)
     final = self.cache_dir / "obj" / key[:2] / key
     obj = final / (filename + ".o")
     if obj.is_file():
+      compile_cache.touch(final)
       return str(obj), _read(final / "compile.log")
     failed = final / "error.log"
     if failed.is_file():
       raise ProcessFailed(failed.read_text(errors="replace"))
-    path = await self._objects.run(key, lambda: self._compile(cmd, text, filename, final, split))
+    path = await self._objects.run(
+        key, lambda: self._compile(cmd, text, filename, final, split, module_id))
     return path, _read(final / "compile.log")
 
   async def _compile(self, cmd: list[str], text: str, filename: str, final: pathlib.Path,
-                     split: bool) -> str:
+                     split: bool, module_id: str | None) -> str:
     work = pathlib.Path(tempfile.mkdtemp(prefix="tu-", dir=self.cache_dir / "tmp"))
     try:
-      src = work / filename
-      src.write_text(text, encoding="utf-8")
+      (work / filename).write_text(text, encoding="utf-8")
       out = work / (filename + ".o")
-      argv = [a.format(src=src, out=out) if a in ("{src}", "{out}") else a for a in cmd]
+      # Paths relative to the work folder (the compilers run there): nothing in the output then
+      # depends on which scratch folder a build got, which host_pch.py relies on.
+      argv = [{"{src}": filename, "{out}": out.name}.get(a, a) for a in cmd]
       result = None
       if split:
+        prepare = self._host.prepare if (self._host is not None and module_id) else None
         try:
           result = await nvcc_split.compile_split(
-              argv, text, work, lambda a, cwd: self._runner.run(a, cwd, echo=False))
+              argv, text, work, lambda a, cwd: self._runner.run(a, cwd, echo=False),
+              module_id=module_id, prepare_final=prepare)
         except Exception:  # pylint: disable=broad-except  (a speed-up: nvcc itself decides)
           log.exception("split nvcc failed to run; running nvcc as a whole")
           result = None
@@ -353,6 +470,7 @@ class Compiler:
     final = self.cache_dir / "so" / key[:2] / key
     so = final / f"{name}.so"
     if so.is_file():
+      compile_cache.touch(final)
       return str(so)
     work = pathlib.Path(tempfile.mkdtemp(prefix="so-", dir=self.cache_dir / "tmp"))
     try:
@@ -366,23 +484,34 @@ class Compiler:
     finally:
       shutil.rmtree(work, ignore_errors=True)
 
-  @staticmethod
-  def _publish(work: pathlib.Path, final: pathlib.Path) -> None:
+  def _publish(self, work: pathlib.Path, final: pathlib.Path) -> None:
     """Atomically moves a finished build folder into the cache (first writer wins)."""
     try:
       os.rename(work, final)
     except OSError:
-      pass  # another process published the same content first
+      return  # another process published the same content first
+    self._bound.added(final)
+
+  def _protected(self) -> set[pathlib.Path]:
+    """What pruning must leave alone: the shared headers this process uses."""
+    return set(self._pch.in_use) | {self._env_dir(key) for key in self._envs}
 
   # ------------------------------------------------------------------ header tiers
+
+  @staticmethod
+  def _nvcc_argv(flags: buildspec.BuildFlags) -> list[str]:
+    return list(flags.nvcc) + [f for f in flags.cuda_cflags if not pch_lib.NAME_DEFINE_RE.match(f)
+                               ] + list(flags.cuda_post_cflags)
+
+  @staticmethod
+  def _cxx_argv(flags: buildspec.BuildFlags) -> list[str]:
+    return list(flags.cxx) + [f for f in flags.cflags if not pch_lib.NAME_DEFINE_RE.match(f)] + (
+        list(flags.post_cflags))
 
   def _env_dir(self, key: str) -> pathlib.Path:
     return self.cache_dir / "headers" / key
 
-  async def _ensure_env(self, flags: buildspec.BuildFlags,
-                        level: str) -> header_tiers.Environment | None:
-    argv = list(flags.nvcc) + [f for f in flags.cuda_cflags if not _NAME_DEFINE_RE.match(f)]
-    argv += list(flags.cuda_post_cflags)
+  async def _ensure_env(self, argv: list[str], level: str) -> header_tiers.Environment | None:
     key = header_tiers.environment_key(self.toolchain.fingerprint, argv, level)
     task = self._envs.get(key)
     if task is None or (task.done() and task.cancelled()):
@@ -395,6 +524,7 @@ class Compiler:
     folder = self._env_dir(key)
     env = _read_env(folder)
     if env is not None:
+      compile_cache.touch(folder)
       return env
     async with compile_procs.file_lock(folder.with_suffix(".lock")):
       env = _read_env(folder)
@@ -402,8 +532,11 @@ class Compiler:
         return env
       work = pathlib.Path(tempfile.mkdtemp(prefix="env-", dir=self.cache_dir / "tmp"))
       start = time.monotonic()
+      what = "main.cpp" if level == header_tiers.BINDING else "cuda.cu"
+      self._report("headers", f"checking which torch headers {what} can do without (once per "
+                              "toolchain)")
       try:
-        env = await header_tiers.build_environment(level, argv, work, self._runner.run, key)
+        env = await tier_environment.build(level, argv, work, self._runner.run, key)
       except Exception as e:  # pylint: disable=broad-except  (tiers off: builds as written)
         log.warning("header tiers off for %s-level sources: %r", level, e)
         return None
@@ -420,52 +553,32 @@ class Compiler:
     """A tier whose own header fails to compile is switched off for this toolchain and flags."""
     if tier not in env.blocks:
       return
-    log.warning("header tier %s switched off: its header does not compile: %s", tier,
-                log_text[-1500:])
+    log.warning("header tier %s switched off for %s-level sources: its header does not compile: "
+                "%s", tier, env.level, log_text[-1500:])
     del env.blocks[tier]
     env.unavailable[tier] = "its header failed to compile: " + log_text[-1500:]
     _write_env(self._env_dir(env.key), env)
 
-  # ------------------------------------------------------------------ precompiled header
-
-  async def _ensure_pch(self, flags: buildspec.BuildFlags) -> str | None:
-    cflags = [f for f in flags.cflags if not _NAME_DEFINE_RE.match(f)]
-    key = _digest("pch", self.toolchain.fingerprint, flags.cxx, cflags)
-    header = self.cache_dir / "pch" / key / _PCH_HEADER
-    if header.with_suffix(".h.gch").is_file():
-      return str(header)
-    if (header.parent / "error.log").is_file():
+  async def _tier_header(self, flags: buildspec.BuildFlags, env: header_tiers.Environment,
+                         tier: str) -> pch_lib.Header | None:
+    """main.cpp's header for `tier` (precompiled when allowed); None if the tier is off."""
+    if tier not in env.blocks:
       return None
-    # Shared by every build and never cancelled with one request: it outlives short deadlines.
-    if key not in self._pch or (self._pch[key].done() and self._pch[key].cancelled()):
-      self._pch[key] = asyncio.ensure_future(self._build_pch(flags.cxx, cflags, header))
-    return await asyncio.shield(self._pch[key])
+    name = header_tiers.header_name(tier)
+    if not self.use_pch:
+      return pch_lib.Header(str(self._env_dir(env.key) / name), False)
+    header = await self._pch.ensure(flags.cxx, flags.cflags,
+                                    header_tiers.header_text(env.blocks[tier]), name,
+                                    f"the {tier} torch headers for main.cpp")
+    if not header.precompiled and header_tiers.broken_by_tier(header.error, tier):
+      self._disable_tier(env, tier, header.error)
+      return None
+    return header
 
-  async def _build_pch(self, cxx: tuple[str, ...], cflags: list[str],
-                       header: pathlib.Path) -> str | None:
-    compile_procs.PRIORITY.set(-1)
-    # Servers sharing a cache folder build the (large, slow) header once: a file lock.
-    async with compile_procs.file_lock(header.parent.with_suffix(".lock")):
-      if header.with_suffix(".h.gch").is_file():
-        return str(header)
-      if (header.parent / "error.log").is_file():
-        return None
-      work = pathlib.Path(tempfile.mkdtemp(prefix="pch-", dir=self.cache_dir / "tmp"))
-      try:
-        (work / _PCH_HEADER).write_text("#include <torch/extension.h>\n")
-        argv = list(cxx) + ["-x", "c++-header"] + cflags + [
-            str(work / _PCH_HEADER), "-o", str(work / (_PCH_HEADER + ".gch"))]
-        start = time.monotonic()
-        rc, output = await self._runner.run(argv, cwd=work)
-        if rc != 0:
-          log.warning("precompiled header failed; compiling without it: %s", output[-2000:])
-          (work / "error.log").write_text(output)
-        else:
-          log.info("precompiled header built in %.1f s", time.monotonic() - start)
-        self._publish(work, header.parent)
-        return str(header) if rc == 0 else None
-      finally:
-        shutil.rmtree(work, ignore_errors=True)
+  async def _original_pch(self, flags: buildspec.BuildFlags) -> pch_lib.Header:
+    text, name = _ORIGINAL_PCH
+    return await self._pch.ensure(flags.cxx, flags.cflags, text, name,
+                                  "torch/extension.h for main.cpp")
 
 
 def _read(path: pathlib.Path) -> str:

@@ -7,6 +7,11 @@ early as it can instead of all of them crawling forward together, so latency und
 close to the queueing delay plus one build, at the same throughput.
 
 Processes run in their own process group; a cancelled request (deadline, client gone) kills it.
+
+Decision: compilers run at a lower CPU priority (`nice`, default +10) than the server and the GPU
+workers. A burst of candidates keeps every core compiling, and the run stage (a job child's
+Python, its kernel launches, its timed loop) must not queue behind them for CPU: GPU slots stay
+busy and timings stay undisturbed, while compilers still get every cycle nobody else wants.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import itertools
 import os
 import pathlib
 import shlex
+import shutil
 import signal
 from typing import AsyncIterator
 
@@ -76,16 +82,19 @@ class Slots:
 class ProcessRunner:
   """Runs compiler processes within the slot pool."""
 
-  def __init__(self, max_jobs: int, env: dict[str, str]):
+  def __init__(self, max_jobs: int, env: dict[str, str], nice: int = 10):
     self.max_jobs = max_jobs
     self._env = env
     self._slots = Slots(max_jobs)
+    nice_bin = shutil.which("nice", path=env.get("PATH")) if nice else None
+    self._prefix = [nice_bin, "-n", str(nice)] if nice_bin else []
 
   async def run(self, argv: list[str], cwd: pathlib.Path, echo: bool = True) -> tuple[int, str]:
     """Return code and combined output; a failure's output starts with the command (`echo`)."""
     async with self._slots.hold(PRIORITY.get()):
       proc = await asyncio.create_subprocess_exec(
-          *argv, cwd=cwd, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+          *self._prefix, *argv, cwd=cwd, stdout=asyncio.subprocess.PIPE,
+          stderr=asyncio.subprocess.STDOUT,
           stdin=asyncio.subprocess.DEVNULL, env=self._env, start_new_session=True)
       try:
         output, _ = await proc.communicate()

@@ -13,6 +13,7 @@ from typing import Any
 
 from dice.verifier.v1 import verifier_pb2 as pb
 
+from verifier_service import compile_cache
 from verifier_service import toolchain
 
 POLICIES = {"default": pb.POLICY_DEFAULT, "strict": pb.POLICY_STRICT}
@@ -27,6 +28,7 @@ class ServerConfig:
   compile_workers: int = dataclasses.field(default_factory=lambda: os.cpu_count() or 1)
   queue_capacity: int = 256  # requests waiting or running before RESOURCE_EXHAUSTED
   cache_dir: pathlib.Path = dataclasses.field(default_factory=toolchain.default_cache_dir)
+  cache_max_bytes: int = compile_cache.DEFAULT_MAX_BYTES  # LRU-pruned beyond this; 0: unbounded
   max_source_bytes: int = 1 << 20  # per source field
   max_request_id_bytes: int = 128
   max_log_bytes: int = 64 << 10

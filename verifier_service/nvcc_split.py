@@ -9,6 +9,12 @@ the names of internal device symbols), the two chains run concurrently and the h
 follows, each step exactly as `nvcc --dryrun` prints it. The wall time of a compile drops by the
 shorter front end; its CPU time does not change. A dry run of any other shape (relocatable device
 code, a new nvcc) returns None and the caller runs nvcc itself.
+
+The caller may name the module id (an identifier suffix: it names anonymous namespaces, so any
+value unique to the process that loads the module will do; compile.py uses one per header tier so
+that host_pch.py can precompile what all candidates' host code shares) and may rewrite the host
+compile's input before it runs (`prepare_final`); if the rewritten input fails to compile, the
+original input is compiled instead and that result stands.
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ import hashlib
 import pathlib
 import re
 import shlex
-from typing import Awaitable, Callable
+from typing import Awaitable, Callable, Optional
 
 # (argv, cwd) -> (return code, combined output).
 RunFn = Callable[[list[str], pathlib.Path], Awaitable[tuple[int, str]]]
@@ -78,25 +84,35 @@ def parse_dryrun(text: str) -> Plan | None:
   return Plan(env=simple, host=host, device=device, final=final[0], module_id_file=ids.pop())
 
 
-def _script(plan: Plan, commands: list[str]) -> list[str]:
+def script(plan: Plan, commands: list[str]) -> list[str]:
+  """argv running `commands` with the dry run's environment variables (one shell, set -e)."""
   exports = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in sorted(plan.env.items()))
   return ["/bin/sh", "-c", "set -e\n" + exports + "\n".join(commands) + "\n"]
 
 
-async def compile_split(argv: list[str], source_text: str, cwd: pathlib.Path,
-                        run: RunFn) -> tuple[int, str] | None:
-  """Runs `argv` (an `nvcc ... -c SRC -o OUT` command) as two concurrent chains and the host
-  compile. Returns (return code, output) as nvcc would, or None to say "run nvcc instead"."""
-  keep = cwd / "nvcc-steps"
-  keep.mkdir(exist_ok=True)
-  rc, text = await run(list(argv) + ["--dryrun", "--keep", "--keep-dir", str(keep)], cwd)
+# (plan, cwd) -> None, or a host compile command to run instead of plan.final and a function that
+# undoes what was done to the host compile's input for it (called if that command fails).
+PrepareFn = Callable[[Plan, pathlib.Path],
+                     Awaitable[Optional[tuple[str, Callable[[], None]]]]]
+
+
+async def compile_split(argv: list[str], source_text: str, cwd: pathlib.Path, run: RunFn,
+                        module_id: str | None = None,
+                        prepare_final: PrepareFn | None = None) -> tuple[int, str] | None:
+  """Runs `argv` (an `nvcc ... -c SRC -o OUT` command, run in `cwd`) as two concurrent chains and
+  the host compile. Returns (return code, output) as nvcc would, or None to say "run nvcc
+  instead". The module id defaults to one derived from the source."""
+  (cwd / "nvcc-steps").mkdir(exist_ok=True)  # relative: the steps run in `cwd`
+  rc, text = await run(list(argv) + ["--dryrun", "--keep", "--keep-dir", "nvcc-steps"], cwd)
   plan = parse_dryrun(text) if rc == 0 else None
   if plan is None:
     return None
-  digest = hashlib.sha256(source_text.encode()).hexdigest()
-  pathlib.Path(plan.module_id_file).write_text(f"_{digest[:8]}_dice_{digest[8:24]}")
-  host = asyncio.ensure_future(run(_script(plan, plan.host), cwd))
-  device = asyncio.ensure_future(run(_script(plan, plan.device), cwd))
+  if module_id is None:
+    digest = hashlib.sha256(source_text.encode()).hexdigest()
+    module_id = f"_{digest[:8]}_dice_{digest[8:24]}"
+  (cwd / plan.module_id_file).write_text(module_id)
+  host = asyncio.ensure_future(run(script(plan, plan.host), cwd))
+  device = asyncio.ensure_future(run(script(plan, plan.device), cwd))
   try:
     done, _ = await asyncio.wait([host, device], return_when=asyncio.FIRST_COMPLETED)
     if any(task.result()[0] != 0 for task in done):  # no need to finish the other chain
@@ -116,5 +132,12 @@ async def compile_split(argv: list[str], source_text: str, cwd: pathlib.Path,
     output += chain_out
     if chain_rc != 0:
       return chain_rc, output
-  rc, final_out = await run(_script(plan, [plan.final]), cwd)
+  prepared = await prepare_final(plan, cwd) if prepare_final is not None else None
+  if prepared is not None:
+    command, undo = prepared
+    rc, final_out = await run(script(plan, [command]), cwd)
+    if rc == 0:
+      return rc, output + final_out
+    undo()  # the input as cudafe++ wrote it decides
+  rc, final_out = await run(script(plan, [plan.final]), cwd)
   return rc, output + final_out

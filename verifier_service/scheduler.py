@@ -93,7 +93,8 @@ class Scheduler:
     """Discovers the toolchain and GPUs and wires compiler and worker pool for `config`."""
     toolchain = toolchain or toolchain_lib.discover()
     compiler = compile_lib.Compiler(toolchain, config.cache_dir, config.compile_workers,
-                                    config.max_log_bytes, config.use_pch, config.light_headers)
+                                    config.max_log_bytes, config.use_pch, config.light_headers,
+                                    cache_max_bytes=config.cache_max_bytes)
     gpus = config.gpus if config.gpus is not None else [g.index for g in toolchain.gpus]
     pool = None
     spec = config.sandbox_spec(toolchain.cuda_root)

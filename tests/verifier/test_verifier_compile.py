@@ -1,5 +1,5 @@
 """The verifier's own load_inline build path: same sources as torch, real nvcc, header tiers and
-their fallbacks, split nvcc, the precompiled header, the cache and its keys."""
+their fallbacks (cuda.cu and main.cpp), split nvcc, precompiled headers, the cache and its keys."""
 
 from __future__ import annotations
 
@@ -21,7 +21,11 @@ from verifier_service import checks
 from verifier_service import compile as compile_lib
 from verifier_service import compile_procs
 from verifier_service import header_tiers
+from verifier_service import host_pch
 from verifier_service import nvcc_split
+from verifier_service import pch as pch_lib
+from verifier_service import sources
+from verifier_service import tier_environment
 
 import verifier_kernels as kernels
 
@@ -230,6 +234,40 @@ def test_plan_orders_tiers_and_says_why_tiers_were_skipped():
   assert header_tiers.plan(text, None)[0] == [(ORIGINAL, text)]
 
 
+def test_binding_plan_blanks_torch_includes_and_refuses_like_cuda():
+  env = _fake_env(level=header_tiers.BINDING, blocks={LITE: ""},
+                  macro_diff={LITE: frozenset({"TORCH_MODULE"})})
+  main = ("#include <torch/extension.h>\n\ntorch::Tensor f(torch::Tensor x);\n"
+          "#include <torch/types.h>\nPYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {\n"
+          'm.def("f", torch::wrap_pybind_function(f), "f");\n}')
+  assert header_tiers.binding_level(main) == header_tiers.BINDING
+  variants, skipped = header_tiers.plan(main, env, (LITE,), level=header_tiers.BINDING)
+  assert [t for t, _ in variants] == [LITE, ORIGINAL] and not skipped
+  lite = variants[0][1]
+  assert "#include" not in lite and lite.count("\n") == main.count("\n")  # -include'd instead
+  assert variants[1][1] == main
+  relu = main.replace("f(torch::Tensor x);", "f(torch::Tensor x);\ntorch::Tensor relu(torch::Tensor);")
+  variants, skipped = header_tiers.plan(relu, env, (LITE,), level=header_tiers.BINDING)
+  assert [t for t, _ in variants] == [ORIGINAL] and "ATen ops" in skipped[LITE]
+  # no_implicit_headers: main.cpp does not start with torch/extension.h, so it is left as written.
+  assert header_tiers.binding_level("torch::Tensor f(torch::Tensor x);\n") is None
+
+
+def test_pybind_customisations_and_identical_headers(tmp_path):
+  custom = tier_environment._PYBIND_CUSTOM_RE  # pylint: disable=protected-access
+  for text in ("namespace pybind11 { namespace detail {", "template <> struct py::detail::x",
+               "PYBIND11_MAKE_OPAQUE(std::vector<int>);", "struct type_caster<at::Tensor> {"):
+    assert custom.search(text), text
+  for text in ("py::object to_object(int);", "namespace torch::python {", "_conj_copy::call"):
+    assert not custom.search(text), text
+  a, b, c = tmp_path / "a.h", tmp_path / "b.h", tmp_path / "c.h"
+  a.write_text("#pragma once\nstruct _object;\n")
+  b.write_text("#pragma once\nstruct _object;\n")  # same bytes: g++ opens only one of them
+  c.write_text("#pragma once\nstruct other;\n")
+  unmatched = tier_environment._unmatched  # pylint: disable=protected-access
+  assert unmatched({str(b), str(c)}, {str(a)}) == [str(c)]
+
+
 def test_escalation_after_a_lite_failure():
   env = _fake_env()
   typo = 'cuda.cu(9): error: identifier "s_typo" is undefined\n1 error detected'
@@ -238,6 +276,8 @@ def test_escalation_after_a_lite_failure():
   assert header_tiers.types_may_help(missing, env)
   namespace = 'cuda.cu(9): error: namespace "torch" has no member "matmul"\n'
   assert header_tiers.types_may_help(namespace, env)
+  missing = "cuda.cu:5:10: fatal error: cublas_v2.h: No such file or directory\n"
+  assert not header_tiers.types_may_help(missing, env)  # the same include fails at every tier
   assert header_tiers.broken_by_tier("/c/dice_tier_lite.h(12): error: x", LITE)
   assert not header_tiers.broken_by_tier("cuda.cu(12): error: x", LITE)
 
@@ -266,7 +306,8 @@ def test_cache_keys_separate_policies_and_tier_environments(toolchain, cache_dir
   ext = _extension(kernels.cuda_candidate())
 
   async def keys():
-    variants = [dict(), dict(light_headers=False), dict(split_nvcc=False), dict(use_pch=False)]
+    variants = [dict(), dict(light_headers=False), dict(split_nvcc=False), dict(use_pch=False),
+                dict(main_tiers=False)]
     compilers = [compile_lib.Compiler(toolchain, cache_dir, max_jobs=1, **v) for v in variants]
     return [c.build_key(ext) for c in compilers]
   build_keys = asyncio.run(keys())
@@ -275,8 +316,9 @@ def test_cache_keys_separate_policies_and_tier_environments(toolchain, cache_dir
   env_keys = {header_tiers.environment_key(toolchain.fingerprint, argv, "extension"),
               header_tiers.environment_key(toolchain.fingerprint, argv, "types"),
               header_tiers.environment_key(toolchain.fingerprint, argv + ["-DX"], "extension"),
-              header_tiers.environment_key("other-toolchain", argv, "extension")}
-  assert len(env_keys) == 4
+              header_tiers.environment_key("other-toolchain", argv, "extension"),
+              header_tiers.environment_key(toolchain.fingerprint, ["c++"], header_tiers.BINDING)}
+  assert len(env_keys) == 5
 
 
 def test_bound_log_keeps_head_and_tail():
@@ -325,6 +367,49 @@ def test_split_nvcc_builds_the_same_object(toolchain, tmp_path):
   assert symbols("plain") == symbols("split")
 
 
+def test_host_pch_builds_the_same_object(toolchain, tmp_path):
+  """nvcc's last step reading the shared prefix of its input from a precompiled header gives
+  the object it gives without one, byte for byte (same module id, relative paths)."""
+  runner = compile_procs.ProcessRunner(2, toolchain.build_env())
+  run = lambda argv, cwd: runner.run(argv, cwd, echo=False)
+  headers = pch_lib.PrecompiledHeaders(tmp_path / "pch", tmp_path, toolchain.fingerprint, runner)
+  host = host_pch.HostHeaders(headers, min_uses=1)
+  body = "#include <vector>\n#include <cmath>\n__global__ void k(float* x) {{ x[0] = {}; }}\n"
+
+  async def compile_one(name: str, text: str, prepare) -> bytes:
+    work = tmp_path / name
+    work.mkdir()
+    (work / "k.cu").write_text(text)
+    argv = [toolchain.nvcc, "-gencode=arch=compute_90,code=sm_90", "-c", "k.cu", "-o", "k.o"]
+    rc, output = await nvcc_split.compile_split(argv, text, work, run, module_id="_fixed_dice_id",
+                                                prepare_final=prepare)
+    assert rc == 0, output
+    return (work / "k.o").read_bytes()
+
+  async def go():
+    await compile_one("first", body.format("sqrtf(2.f)"), host.prepare)  # starts the header
+    await headers.settle()
+    with_pch = await compile_one("second", body.format("1.f"), host.prepare)
+    plain = await compile_one("plain", body.format("1.f"), None)
+    return with_pch, plain
+  with_pch, plain = asyncio.run(go())
+  assert host.used == 1
+  assert with_pch == plain
+
+
+def test_host_pch_finds_the_shared_prefix_and_the_compile_command():
+  text = '# 1 "cuda.cu"\n#pragma x\n# 1 "/usr/include/vector" 1 3\nint v;\n# 7 "cuda.cu"\nint k;\n'
+  assert text[host_pch.shared_prefix(text):] == '# 7 "cuda.cu"\nint k;\n'
+  assert host_pch.shared_prefix('# 1 "cuda.cu"\nint k;\n') == 0
+  command = ('gcc -std=c++20 -D__CUDA_ARCH__=900 -c -x c++  -fPIC "-I$HERE/inc" -m64 '
+             '"nvcc-steps/cuda.cudafe1.cpp" -o "cuda.cu.o"')
+  assert host_pch.split_command(command, {"HERE": "/cuda"}) == (
+      "gcc", ["-std=c++20", "-D__CUDA_ARCH__=900", "-fPIC", "-I/cuda/inc", "-m64"],
+      "nvcc-steps/cuda.cudafe1.cpp")
+  assert host_pch.split_command(command, {}) is None  # an unknown variable: leave it to nvcc
+  assert host_pch.split_command("gcc -c k.cpp -o k.o", {}) is None
+
+
 def test_split_nvcc_reports_errors_like_nvcc(toolchain, tmp_path):
   results = _nvcc_split_and_plain(toolchain, tmp_path, "__global__ void k() { undefined_x; }\n")
   assert results["plain"][0] != 0 and results["split"][0] != 0
@@ -345,6 +430,23 @@ def test_tier_environment_is_a_checked_subset(toolchain, cache_dir):
   assert (cache_dir / "headers" / env.key / "dice_tier_lite.h").is_file()
 
 
+def test_binding_environment_is_a_checked_subset(toolchain, cache_dir):
+  async def go():
+    compiler = compile_lib.Compiler(toolchain, cache_dir, max_jobs=2)
+    try:
+      return await compiler.binding_environment(_extension(kernels.cuda_candidate()))
+    finally:
+      await compiler.close()
+  env = asyncio.run(go())
+  assert env is not None and env.level == header_tiers.BINDING
+  assert set(env.blocks) == {LITE}, env.unavailable
+  assert env.blocks[LITE].endswith(tier_environment.BINDING_INCLUDES)
+  assert "::dice_lite::fresh_variable(at::empty(" in env.blocks[LITE]
+  # The binding's macros are the original's; torch's C++ frontend's are not.
+  assert "PYBIND11_MODULE" not in env.macro_diff[LITE]
+  assert "TORCH_MODULE" in env.macro_diff[LITE]
+
+
 def test_dice_candidates_qualify_for_the_lite_tier(toolchain, cache_dir, shared_dir):
   env = _environment(toolchain, cache_dir)
   items = json.loads((shared_dir / "data/dice/kernel_infilling_evaluation.json").read_text())
@@ -360,6 +462,7 @@ def test_lite_build_matches_types_build_and_falls_back(toolchain, cache_dir):
   lite = _build(toolchain, cache_dir, _extension(_candidate(FACTORY_SOURCE, "tier_lite")))
   assert lite.ok, lite.log
   assert lite.header_tier == LITE and lite.light_header and lite.pch_used
+  assert lite.main_tier == LITE and not lite.main_notes
   again = _build(toolchain, cache_dir, _extension(_candidate(FACTORY_SOURCE, "tier_lite")))
   assert again.cache_hit and again.so_path == lite.so_path
   # torch::matmul is not in the lite headers: that build fails and torch/types.h builds it.
@@ -399,22 +502,103 @@ def test_cpp_extension_runs_and_computes(toolchain, cache_dir):
 
 
 def test_precompiled_header_is_really_used(toolchain, cache_dir):
+  ext = _extension(kernels.cuda_candidate())
+
   async def go():
     compiler = compile_lib.Compiler(toolchain, cache_dir, max_jobs=2)
     try:
-      return compiler.flags(_extension(kernels.cuda_candidate())), await compiler.warm_up()
+      pch = await compiler.warm_up()
+      return compiler.flags(ext), pch, await compiler.binding_environment(ext)
     finally:
       await compiler.close()
-  flags, pch = asyncio.run(go())
-  assert pch is not None
-  main_cpp, _ = buildspec.render_sources(_extension(kernels.cuda_candidate()))
+  flags, pch, env = asyncio.run(go())
+  assert pch is not None and pathlib.Path(pch + ".gch").is_file()
+  main_cpp, _ = buildspec.render_sources(ext)
+  variants, _ = header_tiers.plan(main_cpp, env, (LITE,), level=header_tiers.BINDING)
+  tier, text = variants[0]
+  assert tier == LITE
   src = pathlib.Path(pch).parent / "probe_main.cpp"
-  src.write_text(main_cpp)
+  src.write_text(text)
   proc = subprocess.run(list(flags.cxx) + ["-include", pch, "-Winvalid-pch", "-H", "-fsyntax-only"]
                         + list(flags.cflags) + [str(src)], capture_output=True, text=True,
                         env=toolchain.build_env(), timeout=300, check=False)
   assert proc.returncode == 0, proc.stderr[-2000:]
   assert re.search(r"^! .*\.gch$", proc.stderr, re.M), proc.stderr[:2000]
+
+
+# Host code in main.cpp (a C++-only extension): conversions pybind11 and torch's casters make.
+BINDING_SOURCE = r'''
+#include <vector>
+torch::Tensor scaled_add(torch::Tensor a, torch::Tensor b, double s) {
+  auto out = torch::empty_like(a);
+  auto pa = a.data_ptr<float>(); auto pb = b.data_ptr<float>(); auto po = out.data_ptr<float>();
+  for (int64_t i = 0; i < a.numel(); ++i) po[i] = (pa[i] + pb[i]) * (float)s;
+  return out;
+}
+torch::Tensor throws(torch::Tensor a, torch::Tensor b, double s) {
+  TORCH_CHECK(false, "deliberate failure in the candidate");
+  return a;
+}
+std::vector<torch::Tensor> split_scaled(torch::Tensor a, std::vector<double> scales,
+                                        c10::optional<int64_t> dim) {
+  std::vector<torch::Tensor> out;
+  for (double s : scales) out.push_back(a.mul(s).sum(dim.value_or(0)));
+  return out;
+}
+'''
+_BINDING_FUNCTIONS = ("scaled_add", "throws", "split_scaled")
+_DESCRIBE_BINDING = textwrap.dedent("""
+    import importlib.util, json, sys, torch
+    spec = importlib.util.spec_from_file_location(sys.argv[2], sys.argv[1])
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    torch.manual_seed(0)
+    a, b = torch.randn(3, 4), torch.randn(3, 4)
+    rows = {"doc": {f: getattr(module, f).__doc__ for f in sys.argv[3:]}}
+    calls = [("scaled_add", (a, b, 0.5)), ("scaled_add", ("x", b, 0.5)),
+             ("scaled_add", (a, b, "s")), ("scaled_add", (a, b)), ("throws", (a, b, 1.0)),
+             ("split_scaled", (a, [0.5, 2], None)), ("split_scaled", (a, (1.0,), 1)),
+             ("split_scaled", (a, 3.0, None)), ("split_scaled", (a, [1.0, "x"], 0))]
+    for i, (name, args) in enumerate(calls):
+      try:
+        out = getattr(module, name)(*args)
+        rows[f"{i}:{name}"] = [t.tolist() for t in out] if isinstance(out, list) else out.tolist()
+      except Exception as e:  # the binding's own conversions and torch's error translation
+        rows[f"{i}:{name}"] = f"{type(e).__name__}: {e}"
+    print(json.dumps(rows))
+""")
+
+
+@pytest.mark.slow
+def test_binding_lite_behaves_like_the_original(toolchain, cache_dir):
+  """main.cpp at the lite tier (precompiled) and, for a source the lite headers cannot build
+  (torch::matmul), at the original tier: same conversions, docstrings, errors and results."""
+  functions = tuple((f, f) for f in _BINDING_FUNCTIONS)
+  lite_ext = sources.InlineExtension(name="binding_lite", cpp_sources=(BINDING_SOURCE,),
+                                     cuda_sources=(), functions=functions, with_cuda=True)
+  lite = _build(toolchain, cache_dir, lite_ext)
+  assert lite.ok, lite.log
+  assert lite.main_tier == LITE and lite.pch_used and not lite.main_notes
+  product = ("\ntorch::Tensor product(torch::Tensor a, torch::Tensor b) "
+             "{ return torch::matmul(a, b); }\n")
+  fallback_ext = dataclasses.replace(lite_ext, name="binding_fallback",
+                                     cpp_sources=(BINDING_SOURCE + product,),
+                                     functions=functions + (("product", "product"),))
+  fallback = _build(toolchain, cache_dir, fallback_ext, use_pch=False)
+  assert fallback.ok, fallback.log
+  assert fallback.main_tier == ORIGINAL and fallback.main_notes == {LITE: "did not compile"}
+
+  def describe(result, name):
+    proc = subprocess.run([sys.executable, "-c", _DESCRIBE_BINDING, result.so_path, name,
+                           *_BINDING_FUNCTIONS], capture_output=True, text=True, timeout=300,
+                          check=False)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads(proc.stdout)
+  described = describe(lite, "binding_lite")
+  assert described == describe(fallback, "binding_fallback")
+  assert "incompatible function arguments" in described["2:scaled_add"]
+  assert "deliberate failure" in described["4:throws"]
+  assert isinstance(described["5:split_scaled"], list)
 
 
 def test_compile_errors_are_cached(toolchain, cache_dir):
