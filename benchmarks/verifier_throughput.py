@@ -64,7 +64,7 @@ _NAIVE = textwrap.dedent("""
     from verifier_service import checks, worker
     ref, cand, out, device, options = sys.argv[1:6]
     ref, cand = open(ref).read(), open(cand).read()
-    report = checks.check_sources(ref, cand)
+    report = checks.check_sources(ref, cand, allow_cpu_only=device == "cpu")  # cpu: tests only
     if report.outcome:
       result = {"outcome": report.outcome, "message": report.message}
     elif device == "none":

@@ -4,7 +4,8 @@ What is built is exactly what `torch.utils.cpp_extension.load_inline` builds (bu
 same main.cpp and cuda.cu, the flags of torch's own ninja writer, torch's link line). What makes
 it fast (each measured in `benchmarks/verifier_compile.py`):
 
-1. Header tiers (header_tiers.py): the lightest torch headers that build each translation unit,
+1. Header tiers (header_tiers.py; per toolchain, tier_environment.py): the lightest torch headers
+   that build each translation unit,
    falling back to the source as written on failure, so a verdict never differs from the naive
    path's; only its cost does. cuda.cu: lite, then torch/types.h, then as written. main.cpp:
    lite plus the binding headers (a third of torch/extension.h's parse), then as written.
@@ -16,9 +17,9 @@ it fast (each measured in `benchmarks/verifier_compile.py`):
    precompiles (the same object, a third of that step's CPU).
 4. Both translation units compile concurrently in a bounded, niced process pool that serves the
    earliest request first (compile_procs.py).
-5. A content-addressed cache per object file and per linked module: a phase-1 (infilling) problem
-   keeps its C++ scaffold fixed, so across rollouts only `cuda.cu` is ever compiled again. The
-   folder is bounded by least-recently-used pruning (compile_cache.py).
+5. A content-addressed cache per object file and per linked module (objects.py): a phase-1
+   (infilling) problem keeps its C++ scaffold fixed, so across rollouts only `cuda.cu` is ever
+   compiled again. The folder is bounded by least-recently-used pruning (compile_cache.py).
 
 Compilers run as their own process group; a deadline or a cancelled request kills the group.
 `on_progress` receives what the stage is doing (shared one-off builds included), for
@@ -29,14 +30,11 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import hashlib
 import itertools
 import json
 import logging
 import os
 import pathlib
-import shutil
-import tempfile
 import time
 from typing import Callable
 
@@ -45,7 +43,7 @@ from verifier_service import compile_cache
 from verifier_service import compile_procs
 from verifier_service import header_tiers
 from verifier_service import host_pch
-from verifier_service import nvcc_split
+from verifier_service import objects as objects_lib
 from verifier_service import pch as pch_lib
 from verifier_service import singleflight
 from verifier_service import sources
@@ -91,10 +89,6 @@ class BuildResult:
     return self.header_tier in _TIERS
 
 
-def _digest(*parts: object) -> str:
-  return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
-
-
 def _lighter(tier: str) -> bool:
   return tier not in ("", ORIGINAL)
 
@@ -136,14 +130,17 @@ class Compiler:
     self._pch = pch_lib.PrecompiledHeaders(self.cache_dir / "pch", self.cache_dir / "tmp",
                                            toolchain.fingerprint, self._runner, self._report,
                                            self._bound.added)
-    self._host = host_pch.HostHeaders(self._pch) if use_pch else None
+    host = host_pch.HostHeaders(self._pch) if use_pch else None
+    self._objects = objects_lib.Objects(self.cache_dir, toolchain.fingerprint, self._runner,
+                                        split_nvcc, host, self._bound.added)
+    self._envs = tier_environment.Store(self.cache_dir / "headers", self.cache_dir / "tmp",
+                                        toolchain.fingerprint, self._runner.run, self._report,
+                                        self._objects.publish)
     self._flags: dict[tuple, buildspec.BuildFlags] = {}
     self._builds: singleflight.SingleFlight[BuildResult] = singleflight.SingleFlight()
-    self._objects: singleflight.SingleFlight[str] = singleflight.SingleFlight()
-    self._envs: dict[str, asyncio.Task[header_tiers.Environment | None]] = {}
     self._arrivals = itertools.count(1)
     lite = (pathlib.Path(header_tiers.__file__).parent / "torch_lite.h").read_text()
-    self._policy = _digest("policy", header_tiers.VERSION, lite, self.tiers, self.main_tiers,
+    self._policy = objects_lib.digest("policy", header_tiers.VERSION, lite, self.tiers, self.main_tiers,
                            use_pch, split_nvcc)
     self.hits = 0
     self.misses = 0
@@ -175,7 +172,7 @@ class Compiler:
     """Cache key of a build: toolchain (compilers, torch, arch list), flags, sources, and the
     build policy (header tiers and their headers, precompiled header, split nvcc)."""
     main_text, cuda_text = buildspec.render_sources(ext)
-    return _digest("build", self.toolchain.fingerprint, dataclasses.asdict(self.flags(ext)),
+    return objects_lib.digest("build", self.toolchain.fingerprint, dataclasses.asdict(self.flags(ext)),
                    ext.name, main_text, cuda_text, self._policy)
 
   async def build(self, ext: sources.InlineExtension, timeout_s: float) -> BuildResult:
@@ -208,10 +205,8 @@ class Compiler:
 
   async def close(self) -> None:
     """Cancels shared builds (precompiled headers, header environments) and reaps them."""
-    tasks = list(self._envs.values())
-    for task in tasks:
-      task.cancel()
-    await asyncio.gather(self._pch.close(), self._bound.close(), *tasks, return_exceptions=True)
+    await asyncio.gather(self._pch.close(), self._envs.close(), self._bound.close(),
+                         return_exceptions=True)
     self._in_use.close()
 
   def stats(self) -> dict[str, int]:
@@ -233,12 +228,12 @@ class Compiler:
         return None
       if not self.main_tiers:
         return await self._original_pch(flags)
-      env = await self._ensure_env(self._cxx_argv(flags), header_tiers.BINDING)
+      env = await self._envs.ensure(self._cxx_argv(flags), header_tiers.BINDING)
       return await self._tier_header(flags, env, LITE) if env and LITE in env.blocks else None
 
     header, _ = await asyncio.gather(
         main_header(),
-        self._ensure_env(self._nvcc_argv(flags), "extension") if self.tiers else asyncio.sleep(0))
+        self._envs.ensure(self._nvcc_argv(flags), "extension") if self.tiers else asyncio.sleep(0))
     return header.path if header is not None and header.precompiled else None
 
   async def header_environment(
@@ -246,7 +241,7 @@ class Compiler:
     """The header tiers available to `ext`'s CUDA source (None: it is built as written)."""
     _, cuda_text = buildspec.render_sources(ext)
     level = header_tiers.original_level(cuda_text or "")
-    return await self._ensure_env(self._nvcc_argv(self.flags(ext)), level) if (
+    return await self._envs.ensure(self._nvcc_argv(self.flags(ext)), level) if (
         level and self.tiers) else None
 
   async def binding_environment(
@@ -254,7 +249,7 @@ class Compiler:
     """The header tiers available to `ext`'s main.cpp (None: it is built as written)."""
     main_text, _ = buildspec.render_sources(ext)
     level = header_tiers.binding_level(main_text)
-    return await self._ensure_env(self._cxx_argv(self.flags(ext)), level) if (
+    return await self._envs.ensure(self._cxx_argv(self.flags(ext)), level) if (
         level and self.main_tiers) else None
 
   # ------------------------------------------------------------------ records
@@ -307,7 +302,7 @@ class Compiler:
       cuda_obj, tier, notes = tasks[1].result() if len(tasks) > 1 else (None, "", {})
       self._report("link", f"linking {ext.name}")
       try:
-        so_path = await self._link(flags, ext.name, main_obj, cuda_obj)
+        so_path = await self._objects.link(flags, ext.name, main_obj, cuda_obj)
       except ProcessFailed as e:
         if not (_lighter(main_tier) or _lighter(tier)):
           return self._failed(key, e.log)
@@ -318,7 +313,7 @@ class Compiler:
           if _lighter(tier):
             notes[tier] = "compiled but did not link"
             cuda_obj, tier, _ = await self._cuda_object(flags, cuda_text, ())
-          so_path = await self._link(flags, ext.name, main_obj, cuda_obj)
+          so_path = await self._objects.link(flags, ext.name, main_obj, cuda_obj)
         except ProcessFailed as e2:
           return self._failed(key, e2.log)
     finally:
@@ -340,7 +335,7 @@ class Compiler:
     used, precompiled header used). Raises ProcessFailed with the original source's log."""
     as_written = ext.no_implicit_headers or ext.extra_cflags or ext.extra_include_paths
     level = None if (as_written or not tiers) else header_tiers.binding_level(main_text)
-    env = await self._ensure_env(self._cxx_argv(flags), level) if level else None
+    env = await self._envs.ensure(self._cxx_argv(flags), level) if level else None
     variants, notes = header_tiers.plan(main_text, env, tiers, level=level)
     for tier, text in variants:
       if tier == ORIGINAL:
@@ -356,13 +351,13 @@ class Compiler:
       cmd = list(flags.cxx) + include + list(flags.cflags) + [
           "-c", "{src}", "-o", "{out}"] + list(flags.post_cflags)
       try:
-        obj, output = await self._object(cmd, text, "main.cpp")
+        obj, output = await self._objects.compile(cmd, text, "main.cpp")
       except ProcessFailed as e:
         if tier == ORIGINAL:
           raise
         notes[tier] = "did not compile"
         if header_tiers.broken_by_tier(e.log, tier):
-          self._disable_tier(env, tier, e.log)
+          self._envs.disable(env, tier, e.log)
         continue
       used = bool(header and header.precompiled)
       if used and pch_lib.REJECTED_RE.search(output):
@@ -376,7 +371,7 @@ class Compiler:
     """cuda.cu at the lightest tier that compiles: (object, tier, why lighter tiers were not
     used). Raises ProcessFailed with the original source's log if nothing compiles."""
     level = header_tiers.original_level(cuda_text)
-    env = await self._ensure_env(self._nvcc_argv(flags), level) if (tiers and level) else None
+    env = await self._envs.ensure(self._nvcc_argv(flags), level) if (tiers and level) else None
     variants, notes = header_tiers.plan(cuda_text, env, tiers)
     lite_log = None
     for tier, text in variants:
@@ -384,19 +379,19 @@ class Compiler:
           header_tiers.types_may_help(lite_log, env)):
         notes[tier] = "not tried: the lite build failed only on names no torch header declares"
         continue
-      extra = [] if tier == ORIGINAL else ["-isystem", str(self._env_dir(env.key))]
+      extra = [] if tier == ORIGINAL else ["-isystem", str(self._envs.folder(env.key))]
       cmd = list(flags.nvcc) + list(flags.cuda_cflags) + extra + [
           "-c", "{src}", "-o", "{out}"] + list(flags.cuda_post_cflags)
       module_id = None if tier == ORIGINAL else f"_{env.key[:8]}_dice_{env.key[8:24]}"
       try:
-        obj, _ = await self._object(cmd, text, "cuda.cu", module_id)
+        obj, _ = await self._objects.compile(cmd, text, "cuda.cu", module_id)
         return obj, tier, notes
       except ProcessFailed as e:
         if tier == ORIGINAL:
           raise
         notes[tier] = "did not compile"
         if header_tiers.broken_by_tier(e.log, tier):
-          self._disable_tier(env, tier, e.log)
+          self._envs.disable(env, tier, e.log)
         if tier == LITE:
           lite_log = e.log
     raise AssertionError("plan() always ends with the original source")
@@ -407,94 +402,9 @@ class Compiler:
     self._write_record(key, result)
     return result
 
-  async def _object(self, cmd: list[str], text: str, filename: str,
-                    module_id: str | None = None) -> tuple[str, str]:
-    """Compiles one translation unit (cached by content and command): (.o path, compiler output).
-    `module_id`: nvcc's, for a split compile at a light tier (else one from the source)."""
-    split = self.split_nvcc and filename.endswith(".cu")
-    key = _digest("obj", self.toolchain.fingerprint, cmd, text, split, module_id)
-    final = self.cache_dir / "obj" / key[:2] / key
-    obj = final / (filename + ".o")
-    if obj.is_file():
-      compile_cache.touch(final)
-      return str(obj), _read(final / "compile.log")
-    failed = final / "error.log"
-    if failed.is_file():
-      raise ProcessFailed(failed.read_text(errors="replace"))
-    path = await self._objects.run(
-        key, lambda: self._compile(cmd, text, filename, final, split, module_id))
-    return path, _read(final / "compile.log")
-
-  async def _compile(self, cmd: list[str], text: str, filename: str, final: pathlib.Path,
-                     split: bool, module_id: str | None) -> str:
-    work = pathlib.Path(tempfile.mkdtemp(prefix="tu-", dir=self.cache_dir / "tmp"))
-    try:
-      (work / filename).write_text(text, encoding="utf-8")
-      out = work / (filename + ".o")
-      # Paths relative to the work folder (the compilers run there): nothing in the output then
-      # depends on which scratch folder a build got, which host_pch.py relies on.
-      argv = [{"{src}": filename, "{out}": out.name}.get(a, a) for a in cmd]
-      result = None
-      if split:
-        prepare = self._host.prepare if (self._host is not None and module_id) else None
-        try:
-          result = await nvcc_split.compile_split(
-              argv, text, work, lambda a, cwd: self._runner.run(a, cwd, echo=False),
-              module_id=module_id, prepare_final=prepare)
-        except Exception:  # pylint: disable=broad-except  (a speed-up: nvcc itself decides)
-          log.exception("split nvcc failed to run; running nvcc as a whole")
-          result = None
-        shutil.rmtree(work / "nvcc-steps", ignore_errors=True)  # preprocessed files: big
-      rc, output = result or await self._runner.run(argv, cwd=work, echo=False)
-      if rc != 0:
-        output = f"$ {' '.join(argv)}\n{output}"
-      output = output.replace(f"{work}/", "")  # the log names cuda.cu, not a scratch folder
-      if rc < 0:  # killed by a signal (OOM killer, operator): not a property of the source
-        raise ProcessFailed(output + f"\ncompiler killed by signal {-rc}")
-      final.parent.mkdir(parents=True, exist_ok=True)
-      if rc != 0:
-        (work / "error.log").write_text(output)
-        out.unlink(missing_ok=True)
-        self._publish(work, final)
-        raise ProcessFailed(output)
-      (work / "compile.log").write_text(output)
-      self._publish(work, final)
-      return str(final / out.name)
-    finally:
-      shutil.rmtree(work, ignore_errors=True)
-
-  async def _link(self, flags: buildspec.BuildFlags, name: str, main_obj: str,
-                  cuda_obj: str | None) -> str:
-    objects = [main_obj] + ([cuda_obj] if cuda_obj else [])
-    key = _digest("link", self.toolchain.fingerprint, name, objects, flags.ldflags)
-    final = self.cache_dir / "so" / key[:2] / key
-    so = final / f"{name}.so"
-    if so.is_file():
-      compile_cache.touch(final)
-      return str(so)
-    work = pathlib.Path(tempfile.mkdtemp(prefix="so-", dir=self.cache_dir / "tmp"))
-    try:
-      argv = list(flags.cxx) + objects + list(flags.ldflags) + ["-o", str(work / so.name)]
-      rc, output = await self._runner.run(argv, cwd=work)
-      if rc != 0:
-        raise ProcessFailed(output)
-      final.parent.mkdir(parents=True, exist_ok=True)
-      self._publish(work, final)
-      return str(so)
-    finally:
-      shutil.rmtree(work, ignore_errors=True)
-
-  def _publish(self, work: pathlib.Path, final: pathlib.Path) -> None:
-    """Atomically moves a finished build folder into the cache (first writer wins)."""
-    try:
-      os.rename(work, final)
-    except OSError:
-      return  # another process published the same content first
-    self._bound.added(final)
-
   def _protected(self) -> set[pathlib.Path]:
     """What pruning must leave alone: the shared headers this process uses."""
-    return set(self._pch.in_use) | {self._env_dir(key) for key in self._envs}
+    return set(self._pch.in_use) | self._envs.in_use()
 
   # ------------------------------------------------------------------ header tiers
 
@@ -508,57 +418,6 @@ class Compiler:
     return list(flags.cxx) + [f for f in flags.cflags if not pch_lib.NAME_DEFINE_RE.match(f)] + (
         list(flags.post_cflags))
 
-  def _env_dir(self, key: str) -> pathlib.Path:
-    return self.cache_dir / "headers" / key
-
-  async def _ensure_env(self, argv: list[str], level: str) -> header_tiers.Environment | None:
-    key = header_tiers.environment_key(self.toolchain.fingerprint, argv, level)
-    task = self._envs.get(key)
-    if task is None or (task.done() and task.cancelled()):
-      self._envs[key] = asyncio.ensure_future(self._load_env(argv, level, key))
-    return await asyncio.shield(self._envs[key])
-
-  async def _load_env(self, argv: list[str], level: str,
-                      key: str) -> header_tiers.Environment | None:
-    compile_procs.PRIORITY.set(-1)  # every build of this flag set waits for it
-    folder = self._env_dir(key)
-    env = _read_env(folder)
-    if env is not None:
-      compile_cache.touch(folder)
-      return env
-    async with compile_procs.file_lock(folder.with_suffix(".lock")):
-      env = _read_env(folder)
-      if env is not None:
-        return env
-      work = pathlib.Path(tempfile.mkdtemp(prefix="env-", dir=self.cache_dir / "tmp"))
-      start = time.monotonic()
-      what = "main.cpp" if level == header_tiers.BINDING else "cuda.cu"
-      self._report("headers", f"checking which torch headers {what} can do without (once per "
-                              "toolchain)")
-      try:
-        env = await tier_environment.build(level, argv, work, self._runner.run, key)
-      except Exception as e:  # pylint: disable=broad-except  (tiers off: builds as written)
-        log.warning("header tiers off for %s-level sources: %r", level, e)
-        return None
-      finally:
-        shutil.rmtree(work, ignore_errors=True)
-      staging = pathlib.Path(tempfile.mkdtemp(prefix="env-", dir=self.cache_dir / "tmp"))
-      _write_env(staging, env)
-      self._publish(staging, folder)
-      log.info("header tiers for %s-level sources ready in %.1f s: %s", level,
-               time.monotonic() - start, sorted(env.blocks))
-    return _read_env(folder)
-
-  def _disable_tier(self, env: header_tiers.Environment, tier: str, log_text: str) -> None:
-    """A tier whose own header fails to compile is switched off for this toolchain and flags."""
-    if tier not in env.blocks:
-      return
-    log.warning("header tier %s switched off for %s-level sources: its header does not compile: "
-                "%s", tier, env.level, log_text[-1500:])
-    del env.blocks[tier]
-    env.unavailable[tier] = "its header failed to compile: " + log_text[-1500:]
-    _write_env(self._env_dir(env.key), env)
-
   async def _tier_header(self, flags: buildspec.BuildFlags, env: header_tiers.Environment,
                          tier: str) -> pch_lib.Header | None:
     """main.cpp's header for `tier` (precompiled when allowed); None if the tier is off."""
@@ -566,12 +425,12 @@ class Compiler:
       return None
     name = header_tiers.header_name(tier)
     if not self.use_pch:
-      return pch_lib.Header(str(self._env_dir(env.key) / name), False)
+      return pch_lib.Header(str(self._envs.folder(env.key) / name), False)
     header = await self._pch.ensure(flags.cxx, flags.cflags,
                                     header_tiers.header_text(env.blocks[tier]), name,
                                     f"the {tier} torch headers for main.cpp")
     if not header.precompiled and header_tiers.broken_by_tier(header.error, tier):
-      self._disable_tier(env, tier, header.error)
+      self._envs.disable(env, tier, header.error)
       return None
     return header
 
@@ -580,27 +439,3 @@ class Compiler:
     return await self._pch.ensure(flags.cxx, flags.cflags, text, name,
                                   "torch/extension.h for main.cpp")
 
-
-def _read(path: pathlib.Path) -> str:
-  try:
-    return path.read_text(errors="replace")
-  except OSError:
-    return ""
-
-
-def _read_env(folder: pathlib.Path) -> header_tiers.Environment | None:
-  try:
-    env = header_tiers.Environment.from_json(json.loads((folder / "environment.json").read_text()))
-  except (OSError, ValueError, KeyError, TypeError):
-    return None
-  if any(not (folder / header_tiers.header_name(t)).is_file() for t in env.blocks):
-    return None
-  return env
-
-
-def _write_env(folder: pathlib.Path, env: header_tiers.Environment) -> None:
-  for tier, block in env.blocks.items():
-    (folder / header_tiers.header_name(tier)).write_text(header_tiers.header_text(block))
-  tmp = folder / f"environment.json.{os.getpid()}"
-  tmp.write_text(json.dumps(env.to_json()))
-  os.replace(tmp, folder / "environment.json")

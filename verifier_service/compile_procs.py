@@ -92,13 +92,19 @@ class ProcessRunner:
   async def run(self, argv: list[str], cwd: pathlib.Path, echo: bool = True) -> tuple[int, str]:
     """Return code and combined output; a failure's output starts with the command (`echo`)."""
     async with self._slots.hold(PRIORITY.get()):
-      proc = await asyncio.create_subprocess_exec(
+      # Shielded: a cancel that lands while the process is being created still reaps it.
+      spawn = asyncio.ensure_future(asyncio.create_subprocess_exec(
           *self._prefix, *argv, cwd=cwd, stdout=asyncio.subprocess.PIPE,
           stderr=asyncio.subprocess.STDOUT,
-          stdin=asyncio.subprocess.DEVNULL, env=self._env, start_new_session=True)
+          stdin=asyncio.subprocess.DEVNULL, env=self._env, start_new_session=True))
       try:
+        proc = await asyncio.shield(spawn)
         output, _ = await proc.communicate()
       except asyncio.CancelledError:
+        try:
+          proc = await spawn
+        except Exception:  # pylint: disable=broad-except  (it never started)
+          raise asyncio.CancelledError() from None
         try:
           os.killpg(proc.pid, signal.SIGKILL)
         except ProcessLookupError:

@@ -1,4 +1,4 @@
-"""Builds and checks the header tiers of one toolchain, flag set and original header level.
+"""Builds, checks and stores the header tiers of one toolchain, flag set and original level.
 
 header_tiers.py decides which tier may build a source; this module computes what the tiers are for
 the installed torch and proves each one a subset of the original, with the compiler that will build
@@ -23,12 +23,18 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import logging
 import os
 import pathlib
 import re
+import shutil
+import tempfile
+import time
 from typing import Awaitable, Callable
 
+from verifier_service import compile_cache
+from verifier_service import compile_procs
 from verifier_service import header_tiers
 
 log = logging.getLogger(__name__)
@@ -254,3 +260,103 @@ async def _preprocess(argv: list[str], work: pathlib.Path, run: RunFn, text: str
   rc, output = await run(argv + ["-E", str(src), "-o", str(out)] + host, work)
   result = out.read_text(errors="replace") if out.is_file() else ""
   return rc, output, result
+
+
+# ----------------------------------------------------------------------------- the cache's store
+
+
+class Store:
+  """Environments under `<cache>/headers/<key>/`: computed once per toolchain, flag set and
+  level (shared by concurrent builds, by servers sharing the folder: a file lock), read back by
+  later runs; a tier whose header turns out not to compile is switched off there for good."""
+
+  def __init__(self, root: pathlib.Path, scratch: pathlib.Path, fingerprint: str, run: RunFn,
+               report: Callable[[str, str], None],
+               publish: Callable[[pathlib.Path, pathlib.Path], None]):
+    self.root = root
+    self._scratch = scratch
+    self._fingerprint = fingerprint
+    self._run = run
+    self._report = report
+    self._publish = publish
+    self._tasks: dict[str, asyncio.Task[header_tiers.Environment | None]] = {}
+
+  def folder(self, key: str) -> pathlib.Path:
+    return self.root / key
+
+  def in_use(self) -> set[pathlib.Path]:
+    return {self.folder(key) for key in self._tasks}
+
+  async def ensure(self, argv: list[str], level: str) -> header_tiers.Environment | None:
+    """The environment of `level` for compiler command `argv` (None: tiers off, as written)."""
+    key = header_tiers.environment_key(self._fingerprint, argv, level)
+    task = self._tasks.get(key)
+    if task is None or (task.done() and task.cancelled()):
+      self._tasks[key] = asyncio.ensure_future(self._load(argv, level, key))
+    return await asyncio.shield(self._tasks[key])
+
+  async def close(self) -> None:
+    tasks = list(self._tasks.values())
+    for task in tasks:
+      task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+  async def _load(self, argv: list[str], level: str, key: str) -> header_tiers.Environment | None:
+    compile_procs.PRIORITY.set(-1)  # every build of this flag set waits for it
+    folder = self.folder(key)
+    env = _read_env(folder)
+    if env is not None:
+      compile_cache.touch(folder)
+      return env
+    async with compile_procs.file_lock(folder.with_suffix(".lock")):
+      env = _read_env(folder)
+      if env is not None:
+        return env
+      work = pathlib.Path(tempfile.mkdtemp(prefix="env-", dir=self._scratch))
+      start = time.monotonic()
+      what = "main.cpp" if level == header_tiers.BINDING else "cuda.cu"
+      self._report("headers", f"checking which torch headers {what} can do without (once per "
+                              "toolchain)")
+      try:
+        env = await build(level, argv, work, self._run, key)
+      except Exception as e:  # pylint: disable=broad-except  (tiers off: builds as written)
+        log.warning("header tiers off for %s-level sources: %r", level, e)
+        return None
+      finally:
+        shutil.rmtree(work, ignore_errors=True)
+      staging = pathlib.Path(tempfile.mkdtemp(prefix="env-", dir=self._scratch))
+      _write_env(staging, env)
+      self._publish(staging, folder)
+      seconds = time.monotonic() - start
+      log.info("header tiers for %s-level sources ready in %.1f s: %s", level, seconds,
+               sorted(env.blocks))
+      self._report("headers", f"checked the torch headers for {what} in {seconds:.0f} s")
+    return _read_env(folder)
+
+  def disable(self, env: header_tiers.Environment, tier: str, log_text: str) -> None:
+    """Switches off a tier whose own header fails to compile (for this toolchain and flags)."""
+    if tier not in env.blocks:
+      return
+    log.warning("header tier %s switched off for %s-level sources: its header does not compile: "
+                "%s", tier, env.level, log_text[-1500:])
+    del env.blocks[tier]
+    env.unavailable[tier] = "its header failed to compile: " + log_text[-1500:]
+    _write_env(self.folder(env.key), env)
+
+
+def _read_env(folder: pathlib.Path) -> header_tiers.Environment | None:
+  try:
+    env = header_tiers.Environment.from_json(json.loads((folder / "environment.json").read_text()))
+  except (OSError, ValueError, KeyError, TypeError):
+    return None
+  if any(not (folder / header_tiers.header_name(t)).is_file() for t in env.blocks):
+    return None
+  return env
+
+
+def _write_env(folder: pathlib.Path, env: header_tiers.Environment) -> None:
+  for tier, block in env.blocks.items():
+    (folder / header_tiers.header_name(tier)).write_text(header_tiers.header_text(block))
+  tmp = folder / f"environment.json.{os.getpid()}"
+  tmp.write_text(json.dumps(env.to_json()))
+  os.replace(tmp, folder / "environment.json")
