@@ -5,9 +5,8 @@ same main.cpp and cuda.cu, the flags of torch's own ninja writer, torch's link l
 it fast (each measured in `benchmarks/verifier_compile.py`):
 
 1. Header tiers (header_tiers.py; per toolchain, tier_environment.py): the lightest torch headers
-   that build each translation unit,
-   falling back to the source as written on failure, so a verdict never differs from the naive
-   path's; only its cost does. cuda.cu: lite, then torch/types.h, then as written. main.cpp:
+   that build each translation unit, falling back to the source as written on failure, so a
+   verdict never differs from the naive path's; only its cost does. cuda.cu: lite, then torch/types.h, then as written. main.cpp:
    lite plus the binding headers (a third of torch/extension.h's parse), then as written.
 2. g++ precompiled headers for main.cpp (pch.py): the lite binding header, built at start-up;
    torch/extension.h's (~750 MB, ~30 s) only once some main.cpp falls back to the original.
