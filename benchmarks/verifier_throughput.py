@@ -151,9 +151,13 @@ def run_naive(items: list[dict], parallel: int, device: str, options: dict,
               toolchain: toolchain_lib.Toolchain) -> dict:
   root = pathlib.Path(tempfile.mkdtemp(prefix="naive-"))
   start = time.monotonic()
+  def one(item: dict) -> tuple[str, str, float, float]:
+    result = _naive_one(item, root, device, options, toolchain)
+    print(f"  naive {item['id']}: {result[2]:.1f} s {result[0]}", flush=True)
+    return result
+
   with concurrent.futures.ThreadPoolExecutor(parallel) as pool:
-    results = list(pool.map(lambda item: _naive_one(item, root, device, options, toolchain),
-                            items))
+    results = list(pool.map(one, items))
   wall = time.monotonic() - start
   return {"outcomes": {i["id"]: r[0] for i, r in zip(items, results)},
           "messages": {i["id"]: r[1] for i, r in zip(items, results)},
@@ -219,66 +223,79 @@ async def run_service(items: list[dict], latency_items: list[dict], args: argpar
           "machine_busy": (busy1 - busy0) / max(1, total1 - total0)}
 
 
-def _report(args: argparse.Namespace, items: list[dict], naive_items: list[dict],
-            service: dict, naive: dict | None) -> dict:
-  rate = lambda n, seconds: n / seconds * 3600 if seconds > 0 else float("nan")
+def _rate(n: int, seconds: float) -> float:
+  return n / seconds * 3600 if seconds > 0 else float("nan")
+
+
+def _service_report(items: list[dict], service: dict) -> dict:
   cores = os.cpu_count() or 1
   per_verdict_cpu = service["compile_cpu_s"] / len(items)
-  report = {"service": {
-      "median_cold_latency_s": _median(service["latencies"]),
-      "cold_latencies_s": service["latencies"],
-      "median_latency_under_load_s": _median(service["loaded_latencies"]),
-      "p90_latency_under_load_s": _quantile(service["loaded_latencies"], 0.9),
-      "max_latency_under_load_s": max(service["loaded_latencies"]),
-      "median_compile_stage_s": _median(service["compile_s"]),
-      "median_gpu_queue_s": _median(service["queue_s"]),
-      "median_run_stage_s": _median(service["run_s"]),
-      "verdicts_per_hour": rate(len(items), service["wall"]),
-      "verdicts_per_hour_with_startup": rate(len(items), service["wall"] + service["startup"]),
-      "compile_cpu_s_per_verdict": per_verdict_cpu,
-      "compile_bound_verdicts_per_hour": rate(1, per_verdict_cpu / cores),
-      "machine_cpu_busy": service["machine_busy"], "cores": cores,
-      "startup_s": service["startup"], "wall_s": service["wall"],
-      "outcomes": service["outcomes"]}}
-  s = report["service"]
-  print("\n== results ==")
-  print(f"service: start-up {s['startup_s']:.1f} s; cold latency one at a time: median "
-        f"{s['median_cold_latency_s']:.1f} s over {len(service['latencies'])} candidates")
-  print(f"service: {len(items)} candidates at once: {s['verdicts_per_hour']:.0f} verdicts/hour "
-        f"({s['wall_s']:.1f} s); counting start-up {s['verdicts_per_hour_with_startup']:.0f}/hour")
-  print(f"service: latency under that load: median {s['median_latency_under_load_s']:.1f} s, "
-        f"p90 {s['p90_latency_under_load_s']:.1f} s, max {s['max_latency_under_load_s']:.1f} s; "
-        f"stages (median): compile {s['median_compile_stage_s']:.1f} s, GPU queue "
-        f"{s['median_gpu_queue_s']:.1f} s, run {s['median_run_stage_s']:.1f} s")
-  print(f"service: compiler CPU {per_verdict_cpu:.1f} s/verdict (compile-bound at "
-        f"{s['compile_bound_verdicts_per_hour']:.0f}/hour on {cores} cores); machine CPU "
-        f"{100 * s['machine_cpu_busy']:.0f}% busy during the burst")
-  if naive is not None:
-    report["naive"] = n = {
-        "median_cold_latency_s": _median(naive["latencies"]),
-        "verdicts_per_hour": rate(len(naive_items), naive["wall"]), "wall_s": naive["wall"],
-        "cpu_s_per_verdict": naive["cpu_s"] / len(naive_items), "outcomes": naive["outcomes"]}
-    disagree = {k: (v, service["outcomes"][k]) for k, v in naive["outcomes"].items()
-                if v != service["outcomes"][k]}
-    report["disagreements"] = disagree
-    report["throughput_ratio"] = s["verdicts_per_hour"] / n["verdicts_per_hour"]
-    report["latency_ratio"] = n["median_cold_latency_s"] / s["median_cold_latency_s"]
-    print(f"naive:   {len(naive_items)} candidates, {args.naive_parallel} processes at a time: "
-          f"{n['verdicts_per_hour']:.0f} verdicts/hour ({n['wall_s']:.1f} s); median latency "
-          f"{n['median_cold_latency_s']:.1f} s per candidate; {n['cpu_s_per_verdict']:.1f} CPU "
-          "s/verdict (build and run)")
-    print(f"ratio:   throughput {report['throughput_ratio']:.1f}x, cold latency "
-          f"{report['latency_ratio']:.1f}x")
-    print(f"verdicts agree on {len(naive_items) - len(disagree)}/{len(naive_items)} candidates "
-          "both paths verified")
-    for key, (theirs, ours) in disagree.items():
-      print(f"  {key}: naive {theirs} ({naive['messages'][key][:120]}) vs service {ours} "
-            f"({service['messages'][key][:120]})")
+  s = {"median_cold_latency_s": _median(service["latencies"]),
+       "cold_latencies_s": service["latencies"],
+       "median_latency_under_load_s": _median(service["loaded_latencies"]),
+       "p90_latency_under_load_s": _quantile(service["loaded_latencies"], 0.9),
+       "max_latency_under_load_s": max(service["loaded_latencies"]),
+       "median_compile_stage_s": _median(service["compile_s"]),
+       "median_gpu_queue_s": _median(service["queue_s"]),
+       "median_run_stage_s": _median(service["run_s"]),
+       "verdicts_per_hour": _rate(len(items), service["wall"]),
+       "verdicts_per_hour_with_startup": _rate(len(items), service["wall"] + service["startup"]),
+       "compile_cpu_s_per_verdict": per_verdict_cpu,
+       "compile_bound_verdicts_per_hour": _rate(1, per_verdict_cpu / cores),
+       "machine_cpu_busy": service["machine_busy"], "cores": cores,
+       "startup_s": service["startup"], "wall_s": service["wall"],
+       "outcomes": service["outcomes"], "messages": service["messages"]}
   counts = {}
   for outcome in s["outcomes"].values():
     counts[outcome] = counts.get(outcome, 0) + 1
-  print(f"service outcomes: {counts}")
-  return report
+  print("\n== service ==")
+  print(f"start-up {s['startup_s']:.1f} s; cold latency one at a time: median "
+        f"{s['median_cold_latency_s']:.1f} s over {len(service['latencies'])} candidates")
+  print(f"{len(items)} candidates at once: {s['verdicts_per_hour']:.0f} verdicts/hour "
+        f"({s['wall_s']:.1f} s); counting start-up {s['verdicts_per_hour_with_startup']:.0f}/hour")
+  print(f"latency under that load: median {s['median_latency_under_load_s']:.1f} s, "
+        f"p90 {s['p90_latency_under_load_s']:.1f} s, max {s['max_latency_under_load_s']:.1f} s; "
+        f"stages (median): compile {s['median_compile_stage_s']:.1f} s, GPU queue "
+        f"{s['median_gpu_queue_s']:.1f} s, run {s['median_run_stage_s']:.1f} s")
+  print(f"compiler CPU {per_verdict_cpu:.1f} s/verdict (compile-bound at "
+        f"{s['compile_bound_verdicts_per_hour']:.0f}/hour on {cores} cores); machine CPU "
+        f"{100 * s['machine_cpu_busy']:.0f}% busy during the burst")
+  print(f"outcomes: {counts}")
+  met = lambda ok: "met" if ok else "NOT met"
+  print(f"targets: >= 3,000 verdicts/hour: {met(s['verdicts_per_hour'] >= 3000)} "
+        f"({met(s['verdicts_per_hour_with_startup'] >= 3000)} counting start-up); median cold "
+        f"verdict <= 10 s: {met(s['median_cold_latency_s'] <= 10)}", flush=True)
+  return s
+
+
+def _naive_report(args: argparse.Namespace, naive_items: list[dict], s: dict,
+                  naive: dict) -> dict:
+  """The naive path's figures, the ratios, and verdicts compared where both paths finished."""
+  unfinished = lambda outcome: outcome == "INFRA_ERROR" or outcome.startswith("CRASHED")
+  n = {"median_cold_latency_s": _median(naive["latencies"]),
+       "verdicts_per_hour": _rate(len(naive_items), naive["wall"]), "wall_s": naive["wall"],
+       "cpu_s_per_verdict": naive["cpu_s"] / len(naive_items), "outcomes": naive["outcomes"]}
+  both = [k for k, v in naive["outcomes"].items()
+          if not unfinished(v) and not unfinished(s["outcomes"][k])]
+  n["disagreements"] = {k: (naive["outcomes"][k], s["outcomes"][k]) for k in both
+                        if naive["outcomes"][k] != s["outcomes"][k]}
+  n["unfinished"] = {k: (v, s["outcomes"][k]) for k, v in naive["outcomes"].items()
+                     if k not in both}
+  n["throughput_ratio"] = s["verdicts_per_hour"] / n["verdicts_per_hour"]
+  n["latency_ratio"] = n["median_cold_latency_s"] / s["median_cold_latency_s"]
+  print("\n== naive path ==")
+  print(f"{len(naive_items)} candidates, {args.naive_parallel} processes at a time: "
+        f"{n['verdicts_per_hour']:.0f} verdicts/hour ({n['wall_s']:.1f} s); median latency "
+        f"{n['median_cold_latency_s']:.1f} s per candidate; {n['cpu_s_per_verdict']:.1f} CPU "
+        "s/verdict (build and run)")
+  print(f"service / naive: throughput {n['throughput_ratio']:.1f}x, cold latency "
+        f"{n['latency_ratio']:.1f}x")
+  print(f"verdicts agree on {len(both) - len(n['disagreements'])}/{len(both)} candidates both "
+        f"paths finished ({len(n['unfinished'])} did not finish on one path)")
+  for key, (theirs, ours) in {**n["disagreements"], **n["unfinished"]}.items():
+    print(f"  {key}: naive {theirs} ({naive['messages'][key][:120]}) vs service {ours} "
+          f"({s['messages'][key][:120]})", flush=True)
+  return n
 
 
 def main() -> None:
@@ -321,16 +338,21 @@ def main() -> None:
         f"{len(naive_items)} candidates, {args.naive_parallel} at a time; "
         f"{'no GPU (compile only)' if args.no_gpu else 'GPU'}", flush=True)
   service = asyncio.run(run_service(items, latency_items, args, toolchain, options))
-  naive = None
+  report = {"service": _service_report(items, service)}
+
+  def write() -> None:  # after each phase: the service's figures stand if the naive path is cut
+    if args.json:
+      pathlib.Path(args.json).write_text(json.dumps(report, indent=1, default=str))
+  write()
+  print(f"[{time.monotonic() - began:.0f} s]", flush=True)
   if not args.skip_naive:
     naive_options = config_lib.resolve_options(options, config_lib.ServerConfig())  # as served
     print(f"naive path on {len(naive_items)} candidates ...", flush=True)
     naive = run_naive(naive_items, args.naive_parallel, "none" if args.no_gpu else "cuda",
                       naive_options, toolchain)
-  report = _report(args, items, naive_items, service, naive)
+    report["naive"] = _naive_report(args, naive_items, report["service"], naive)
+    write()
   print(f"benchmark wall time {time.monotonic() - began:.0f} s")
-  if args.json:
-    pathlib.Path(args.json).write_text(json.dumps(report, indent=1, default=str))
 
 
 if __name__ == "__main__":
