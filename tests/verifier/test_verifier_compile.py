@@ -569,6 +569,22 @@ _DESCRIBE_BINDING = textwrap.dedent("""
 """)
 
 
+def _static_init_calls(so_path: str) -> set[str]:
+  """What a module's static initialisers call, from its disassembly."""
+  text = subprocess.run(["objdump", "-d", "--no-show-raw-insn", so_path], capture_output=True,
+                        text=True, check=True).stdout
+  calls, inside = set(), False
+  for line in text.splitlines():
+    if re.match(r"^[0-9a-f]+ <(_GLOBAL__sub_I|_Z41__static_initialization_and_destruction)", line):
+      inside = True
+    elif not line.strip():
+      inside = False
+    elif inside and (match := re.search(r"\bcall\s.*<([^>]+)>", line)):
+      calls.add(match.group(1))
+  assert calls, "no static initialiser found"
+  return calls
+
+
 @pytest.mark.slow
 def test_binding_lite_behaves_like_the_original(toolchain, cache_dir):
   """main.cpp at the lite tier (precompiled) and, for a source the lite headers cannot build
@@ -596,6 +612,8 @@ def test_binding_lite_behaves_like_the_original(toolchain, cache_dir):
     return json.loads(proc.stdout)
   described = describe(lite, "binding_lite")
   assert described == describe(fallback, "binding_fallback")
+  # Loading runs the same static initialisers (the headers left out initialise nothing).
+  assert _static_init_calls(lite.so_path) == _static_init_calls(fallback.so_path)
   assert "incompatible function arguments" in described["2:scaled_add"]
   assert "deliberate failure" in described["4:throws"]
   assert isinstance(described["5:split_scaled"], list)
