@@ -397,6 +397,28 @@ def test_host_pch_builds_the_same_object(toolchain, tmp_path):
   assert with_pch == plain
 
 
+def test_split_nvcc_compiles_the_input_as_written_when_the_prepared_one_fails(toolchain,
+                                                                             tmp_path):
+  runner = compile_procs.ProcessRunner(2, toolchain.build_env())
+  undone = []
+
+  async def broken_prepare(plan, cwd):
+    source = cwd / host_pch.split_command(plan.final, plan.env)[2]
+    original = source.read_text()
+    source.write_text("#error a rewritten host input that does not compile\n")
+    return plan.final, lambda: (undone.append(True), source.write_text(original))
+
+  async def go():
+    (tmp_path / "k.cu").write_text("__global__ void k(float* x) { x[0] = 1.f; }\n")
+    argv = [toolchain.nvcc, "-gencode=arch=compute_90,code=sm_90", "-c", "k.cu", "-o", "k.o"]
+    return await nvcc_split.compile_split(argv, "", tmp_path,
+                                          lambda a, cwd: runner.run(a, cwd, echo=False),
+                                          prepare_final=broken_prepare)
+  rc, output = asyncio.run(go())
+  assert rc == 0 and undone == [True], output
+  assert (tmp_path / "k.o").is_file()
+
+
 def test_host_pch_finds_the_shared_prefix_and_the_compile_command():
   text = '# 1 "cuda.cu"\n#pragma x\n# 1 "/usr/include/vector" 1 3\nint v;\n# 7 "cuda.cu"\nint k;\n'
   assert text[host_pch.shared_prefix(text):] == '# 7 "cuda.cu"\nint k;\n'
