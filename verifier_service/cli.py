@@ -96,8 +96,9 @@ def _add_common(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> No
                       help="host memory (RLIMIT_DATA) per candidate; default: physical memory / "
                            "(2 x slots), at most 32 GiB")
   parser.add_argument("--gpu-memory-fraction", type=float, default=0.0,
-                      help="CUDA allocator cap per candidate as a fraction of the GPU; default "
-                           "0.9 / --slots-per-gpu")
+                      help="CUDA allocator cap per candidate process as a fraction of the GPU; "
+                           "default 0.45 / --slots-per-gpu (each slot's judge process, which runs "
+                           "the reference, gets 0.45 / --slots-per-gpu too)")
 
 
 def _add_logging(parser: argparse.ArgumentParser) -> None:

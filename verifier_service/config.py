@@ -63,8 +63,10 @@ class ServerConfig:
   sandbox_uid_base: int = 61000  # as root, slot k's children run as uid/gid base + k
   sandbox_memory_bytes: int = 0  # RLIMIT_DATA; 0: physical memory / (2 x slots), <= 32 GiB
   sandbox_file_bytes: int = 256 << 20  # RLIMIT_FSIZE
-  # CUDA allocator cap of each candidate process; 0: 0.6 / slots_per_gpu. The judge process of each
-  # slot (the reference's side of the trust boundary) is capped at 0.3 / slots_per_gpu.
+  # CUDA allocator cap of each candidate process; 0: 0.45 / slots_per_gpu. The judge process of
+  # each slot (the reference's side of the trust boundary) gets the same cap: it holds the reference,
+  # its inputs and outputs and the candidate's outputs it compares, and at 0.3 / 4 slots (10.5 GiB)
+  # it ran out of memory on a DICE item on an H200 (2026-12-01).
   gpu_memory_fraction: float = 0.0
   verdict_store_size: int = 100_000  # verdicts kept on disk (by request id) across restarts
 
@@ -88,8 +90,8 @@ class ServerConfig:
     return {"enabled": self.sandbox, "strict": self.sandbox_strict,
             "uid_base": self.sandbox_uid_base, "memory_bytes": memory,
             "cpu_s": int(2 * self.max_run_timeout_s + 60), "file_bytes": self.sandbox_file_bytes,
-            "gpu_memory_fraction": self.gpu_memory_fraction or 0.6 / slots,
-            "judge_gpu_memory_fraction": 0.3 / slots,
+            "gpu_memory_fraction": self.gpu_memory_fraction or 0.45 / slots,
+            "judge_gpu_memory_fraction": 0.45 / slots,
             "read_only": [cuda_root] if cuda_root else []}
 
 
