@@ -252,6 +252,11 @@ def cases() -> list[Case]:
       # Twice the bytes the reference's layout holds: the judge names the dtype, the candidate's
       # process (whose socket the judge then closes) cannot turn that into a RUNTIME_ERROR.
       _case("wrong_output_dtype", _python("wrong_dtype"), "INCORRECT", message="dtype torch.float64"),
+      # Right on the 5 trials and the probe's first call, wrong from then on, and not the earlier
+      # call's output: a wrong answer, not OUTPUT_CACHING (DICE item 2310, a kernel at the edge of
+      # the tolerance, was REJECTED for caching on the H200 before this rule).
+      _case("wrong_after_the_trials", _python("wrong_from_7th"), "INCORRECT",
+            message="a second call on the same input tensors with new values returned a wrong output"),
       _case("cache_by_address", _python("cache_by_address"), "REJECTED|INCORRECT"),
       _case("python_thread", _python("scaled_add", _PY_THREAD), "REJECTED", "SIDE_STREAM"),
       _case("busy_cpp_thread", _python("busy_thread"), "REJECTED", "SIDE_STREAM"),

@@ -135,6 +135,13 @@ torch::Tensor wrong_dtype(torch::Tensor a, torch::Tensor b, double s) {  // righ
   return out;
 }
 
+torch::Tensor wrong_from_7th(torch::Tensor a, torch::Tensor b, double s) {  // right 6 times
+  static int calls = 0;
+  auto out = scaled_add(a, b, s);
+  if (++calls >= 7) out.data_ptr<float>()[0] += 1.0f;
+  return out;
+}
+
 torch::Tensor uninitialised(torch::Tensor a, torch::Tensor b, double s) {
   return torch::empty_like(a);
 }
@@ -264,8 +271,8 @@ torch::Tensor cache_by_address(torch::Tensor a, torch::Tensor b, double s) {
 }
 '''
 
-CPP_FUNCTIONS = ("scaled_add", "add_only", "slightly_off", "in_place", "wrong_shape", "wrong_dtype", "uninitialised",
-                 "crash",
+CPP_FUNCTIONS = ("scaled_add", "add_only", "slightly_off", "in_place", "wrong_shape", "wrong_dtype", "wrong_from_7th",
+                 "uninitialised", "crash",
                  "hang", "throws", "net_connect", "read_path", "write_path", "parent_memory",
                  "fork_bomb", "run_shell", "kill_parent", "host_memory", "huge_file",
                  "busy_thread", "cache_by_address")
