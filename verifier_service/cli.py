@@ -150,6 +150,14 @@ def build_parser() -> argparse.ArgumentParser:
                      help="allow listening beyond loopback with neither a token nor mTLS")
   serve.add_argument("--metrics-port", type=int, default=None,
                      help="serve Prometheus metrics over HTTP on this port")
+  serve.add_argument("--policy", choices=sorted(config_lib.POLICIES), default="default",
+                     help="partial-replacement policy for requests that do not name one: default (as "
+                          "KernelBench and DICE: a kept torch matmul or conv beside the candidate's own "
+                          "kernels is fine) or strict (torch compute in forward, or the candidate's kernels "
+                          "under --strict-min-fraction of the GPU time, is TORCH_FALLBACK)")
+  serve.add_argument("--strict-min-fraction", type=float, default=0.5,
+                     help="strict policy: the least share of GPU time in the candidate's own kernels "
+                          "(default %(default)s)")
   serve.add_argument("--stop-on-stdin-eof", action="store_true",
                      help="drain and exit when standard input reaches end of file: a parent that "
                           "holds the other end of a pipe ties the server's life to its own (the "
@@ -180,6 +188,12 @@ def build_parser() -> argparse.ArgumentParser:
   check.add_argument("--rtol", type=float, default=0.0,
                      help="relative tolerance (default: as --atol)")
   check.add_argument("--seed", type=int, default=42, help="base seed (default %(default)s)")
+  check.add_argument("--policy", choices=sorted(config_lib.POLICIES), default=None,
+                     help="partial-replacement policy: default or strict (see `serve --help`); "
+                          "unset: the server's (a local check's: default)")
+  check.add_argument("--strict-min-fraction", type=float, default=0.0,
+                     help="strict policy: the least share of GPU time in the candidate's own kernels "
+                          "(0: the server's, 0.5 for a local check)")
   _add_logging(check)
   on = check.add_argument_group("verifying on a running server")
   on.add_argument("--server", metavar="HOST:PORT",
@@ -305,7 +319,9 @@ async def _check(args: argparse.Namespace) -> list[pb.Verdict]:
   options = pb.VerifyOptions(
       precision=pb.Precision.Value(args.precision.upper()), num_correctness_trials=args.trials,
       atol=args.atol, rtol=args.rtol, skip_timing=args.skip_timing,
-      num_timing_trials=args.timing_trials, seed=args.seed)
+      num_timing_trials=args.timing_trials, seed=args.seed,
+      policy=config_lib.POLICIES[args.policy] if args.policy else pb.POLICY_UNSPECIFIED,
+      min_custom_kernel_fraction=args.strict_min_fraction)
   run_id = uuid.uuid4().hex[:12]  # a fresh verdict every run, never one stored by an earlier check
   requests = [pb.VerifyRequest(request_id=f"check:{run_id}:{i}", candidate_source=source,
                                reference_source=reference, options=options)
@@ -360,7 +376,8 @@ def main(argv: list[str] | None = None) -> int:
         return _usage_error(f"{args.auth_token_file} is empty")
     config = _config(args, listen=args.listen, queue_capacity=args.queue_capacity,
                      auth_token=token, metrics_port=args.metrics_port, tls_cert=args.tls_cert,
-                     tls_key=args.tls_key, tls_client_ca=args.tls_client_ca)
+                     tls_key=args.tls_key, tls_client_ca=args.tls_client_ca, policy=args.policy,
+                     strict_min_fraction=args.strict_min_fraction)
     try:
       asyncio.run(server.serve(config, insecure=args.insecure, stop_on_stdin_eof=args.stop_on_stdin_eof))
     except (ValueError, server.BindError) as e:

@@ -218,3 +218,20 @@ def test_ready_line_says_address_gpus_slots_and_auth():
       "serving on [::]:50051; no GPU: compile-only (verdicts NO_GPU after compiling); 2 compile workers; "
       "auth: mTLS; metrics http://0.0.0.0:9400/metrics")
   assert "auth: NONE (--insecure-public)" in server_lib.ready_line(nogpu, "0.0.0.0:1", 1, config(), insecure=True)
+
+
+def test_check_policy_flag_switches_partial_replacement(files, cache_dir, tmp_path):
+  """`--policy` per request: the extension adds, torch multiplies; fine by default, TORCH_FALLBACK
+  under strict (CPU test mode: C++ only)."""
+  partial = tmp_path / "partial.py"
+  partial.write_text(kernels.cpp_candidate("scaled_add").replace(
+      "    def forward(self, a, b):\n",
+      "    def forward(self, a, b):\n        return torch.mul(ext.add_only(a, b, self.scale), self.scale)\n"))
+  verdicts = {}
+  for policy in ("default", "strict"):
+    proc = run_cli("check", str(files["ref.py"]), str(partial), "--json", "--cpu-test-mode",
+                   "--cache-dir", str(cache_dir), "--policy", policy, "--skip-timing")
+    verdicts[policy] = json.loads(proc.stdout)
+  assert verdicts["default"]["outcome"] == "OK" and verdicts["default"]["policy"] == "POLICY_DEFAULT"
+  assert verdicts["strict"]["outcome"] == "REJECTED" and verdicts["strict"]["policy"] == "POLICY_STRICT"
+  assert [e["kind"] for e in verdicts["strict"]["exploits"]] == ["TORCH_FALLBACK"]
