@@ -16,7 +16,7 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu_speed}
 mkdir -p "$OUT"
 CONFIG=${1:-.carry/sdar-4b-config.json}
-TESTS_S=${TESTS_S:-100}
+TESTS_S=${TESTS_S:-200}
 MFU_S=${MFU_S:-190}
 SAMPLER_S=${SAMPLER_S:-170}
 export PYTHONPATH=.
