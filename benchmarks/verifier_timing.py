@@ -4,7 +4,9 @@ Each pair is a DICE infilling item: the PyTorch reference (`pytorch_code`) and i
 candidate (`cuda_code`). For the first N pairs whose candidate passes the static checks and compiles:
 1. every candidate is compiled through the verifier's own compile path (all at once, cached);
 2. every pair is verified by the real scheduler and GPU worker pool (judge and candidate
-   processes, the trust boundary): the verdict's cold and warm medians and speedups;
+   processes, the trust boundary), all pairs submitted at once, in one pass per slot count
+   (`--slots-per-gpu 1,4`: several slots on one GPU time under the per-GPU timing lock, with other
+   slots' trials still running): the verdict's cold and warm medians and speedups;
 3. in this process (the benchmark trusts DICE's known-good code) Model and ModelNew are built as
    the verifier builds them (seed, init inputs, copied weights) on inputs from `get_inputs()`, and
    each is timed by four methods:
@@ -22,7 +24,7 @@ KernelBench, ours-cold / do_bench, the verdict's / both) and the median time eac
 to small references (< 100 us) over do_bench's. On the H200 the old timer's excess over do_bench
 is what issue 16 measured (~80 us per call).
 
-  python benchmarks/verifier_timing.py DICE_JSON [--pairs 20] [--out timing.json]   # GPU, ~3 min
+  python benchmarks/verifier_timing.py DICE_JSON [--pairs 20] [--slots-per-gpu 1,4] [--out timing.json]  # GPU, ~4 min
   python benchmarks/verifier_timing.py DICE_JSON --pairs 2 --dry-run   # no GPU: compile + build
 """
 
@@ -30,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import json
 import re
 import pathlib
@@ -151,10 +154,10 @@ async def _compile_all(scheduler, pairs: list[dict]) -> dict[str, str]:
   return {fp: b.so_path for fp, b in zip(unique, builds) if b.ok}
 
 
-async def _verify_all(scheduler, pairs: list[dict], trials: int) -> list[pb.Verdict]:
+async def _verify_all(scheduler, pairs: list[dict], trials: int, tag: str) -> list[pb.Verdict]:
   options = pb.VerifyOptions(num_timing_trials=trials)
   return await asyncio.gather(*(scheduler.verify(pb.VerifyRequest(
-      request_id=f"timing-{p['id']}", reference_source=p["pytorch_code"],
+      request_id=f"timing-{tag}-{p['id']}", reference_source=p["pytorch_code"],
       candidate_source=p["cuda_code"], options=options)) for p in pairs))
 
 
@@ -170,7 +173,9 @@ def main() -> None:
   parser.add_argument("--pairs", type=int, default=20, help="pairs to time (default %(default)s)")
   parser.add_argument("--trials", type=int, default=100,
                       help="timed calls per method and side (default %(default)s)")
-  parser.add_argument("--slots-per-gpu", type=int, default=4)
+  parser.add_argument("--slots-per-gpu", default="1,4",
+                      help="comma list: one service pass per slot count, all pairs submitted at "
+                      "once, compiles shared (default %(default)s)")
   parser.add_argument("--cache-dir", default="", help="compile cache (default: a fresh one)")
   parser.add_argument("--out", default="", help="write every number to this JSON file")
   parser.add_argument("--dry-run", action="store_true",
@@ -179,26 +184,35 @@ def main() -> None:
   started = time.monotonic()
   pairs = load_pairs(args.data, args.pairs + 8)  # spares for pairs that do not compile
   device = torch.device("cpu" if args.dry_run else "cuda")
-  config = config_lib.ServerConfig(
-      listen="127.0.0.1:0", cache_dir=pathlib.Path(args.cache_dir or tempfile.mkdtemp(
-          prefix="timing-cache-")), slots_per_gpu=args.slots_per_gpu, queue_capacity=4096,
-      gpus=[] if args.dry_run else None, run_timeout_s=600.0, timing_trials=args.trials)
-  scheduler = scheduler_lib.Scheduler.create(config, toolchain_lib.discover())
+  cache_dir = pathlib.Path(args.cache_dir or tempfile.mkdtemp(prefix="timing-cache-"))
+  slot_counts = [int(n) for n in args.slots_per_gpu.split(",")]
+  toolchain = toolchain_lib.discover()
 
-  async def service():
+  async def service(slots: int, pairs: list[dict]):
+    """One service pass: compile (cached after the first pass), then every pair at once."""
+    config = config_lib.ServerConfig(
+        listen="127.0.0.1:0", cache_dir=cache_dir, slots_per_gpu=slots, queue_capacity=4096,
+        gpus=[] if args.dry_run else None, run_timeout_s=600.0, timing_trials=args.trials)
+    scheduler = scheduler_lib.Scheduler.create(config, toolchain)
     await scheduler.start()
     try:
       modules = await _compile_all(scheduler, pairs)
-      print(f"compiled {len(modules)} extensions in {time.monotonic() - started:.0f} s",
-            flush=True)
       built = [p for p in pairs if all(e.fingerprint in modules for e in checks.check_candidate(
           p["cuda_code"]).extensions)][:args.pairs]
-      verdicts = [] if args.dry_run else await _verify_all(scheduler, built, args.trials)
+      pass_start = time.monotonic()
+      verdicts = [] if args.dry_run else await _verify_all(scheduler, built, args.trials,
+                                                           f"{slots}slots")
+      print(f"{slots} slot(s) per GPU: {len(modules)} extensions compiled, {len(verdicts)} "
+            f"verdicts in {time.monotonic() - pass_start:.0f} s "
+            f"({time.monotonic() - started:.0f} s so far)", flush=True)
       return modules, built, verdicts
     finally:
       await scheduler.stop()
 
-  modules, pairs, verdicts = asyncio.run(service())
+  verdicts_by_slots = {}
+  for slots in slot_counts:
+    modules, built, verdicts_by_slots[slots] = asyncio.run(service(slots, pairs))
+  pairs = built
   child._patch_load_inline(modules)  # pylint: disable=protected-access
   rows = []
   for i, item in enumerate(pairs):
@@ -208,13 +222,18 @@ def main() -> None:
     except Exception as e:  # pylint: disable=broad-except
       print(f"{item['id']}: could not build: {type(e).__name__}: {e}", flush=True)
       continue
-    if verdicts:
+    for slots, verdicts in verdicts_by_slots.items():  # keys "verdict_..." (first) and "..._<slots>"
+      if not verdicts:
+        continue
       v = verdicts[i]
-      row["verdict"] = pb.Outcome.Name(v.outcome)
+      fields = {"verdict": pb.Outcome.Name(v.outcome), "timing_lock": v.environment.timing_lock}
       if v.HasField("timing"):
-        row.update(verdict_ref_us=v.timing.reference.median_us,
-                   verdict_cand_us=v.timing.candidate.median_us,
-                   verdict_speedup=v.timing.speedup, verdict_speedup_warm=v.timing.speedup_warm)
+        fields.update(verdict_ref_us=v.timing.reference.median_us,
+                      verdict_cand_us=v.timing.candidate.median_us,
+                      verdict_speedup=v.timing.speedup, verdict_speedup_warm=v.timing.speedup_warm)
+      row.update({f"{k}_{slots}": value for k, value in fields.items()})
+      if slots == slot_counts[0]:
+        row.update(fields)
     if args.dry_run:
       rows.append(row)
       continue
@@ -249,13 +268,18 @@ def main() -> None:
         "speedup_ratio_ours_warm_vs_kernelbench": ratio("speedup_warm", "speedup_kernelbench"),
         "speedup_ratio_ours_cold_vs_do_bench": ratio("speedup_cold", "speedup_do_bench"),
         "speedup_ratio_old_vs_kernelbench": ratio("speedup_old", "speedup_kernelbench"),
-        "speedup_ratio_verdict_warm_vs_kernelbench": ratio("verdict_speedup_warm",
-                                                           "speedup_kernelbench"),
-        "speedup_ratio_verdict_cold_vs_do_bench": ratio("verdict_speedup", "speedup_do_bench"),
         "small_references": len(small),
         "added_us_vs_do_bench_small_refs": {m: added(m) for m in ("cold", "warm", "old",
-                                                                   "kernelbench")},
-        "verdict_ref_vs_in_process_cold": ratio("verdict_ref_us", "ref_cold_us")})
+                                                                   "kernelbench")}})
+    for slots in slot_counts:  # the service's verdicts, per slot count
+      summary[f"verdicts_{slots}_slots_per_gpu"] = {
+          "speedup_ratio_warm_vs_kernelbench": ratio(f"verdict_speedup_warm_{slots}",
+                                                     "speedup_kernelbench"),
+          "speedup_ratio_cold_vs_do_bench": ratio(f"verdict_speedup_{slots}", "speedup_do_bench"),
+          "ref_vs_in_process_cold": ratio(f"verdict_ref_us_{slots}", "ref_cold_us"),
+          "cand_vs_in_process_cold": ratio(f"verdict_cand_us_{slots}", "cand_cold_us"),
+          "timing_lock": dict(collections.Counter(
+              r.get(f"timing_lock_{slots}", "").split(" (")[0] for r in rows))}
   print("summary:", json.dumps(summary, indent=1))
   if args.out:
     pathlib.Path(args.out).write_text(json.dumps({"summary": summary, "rows": rows}, indent=1))

@@ -22,6 +22,15 @@ events; `after_end` (run right after the end event is recorded, before any synch
 the candidate's process snapshot the output at that moment, and the judge compares snapshots with
 the reference (a late or stale output is SIDE_STREAM / OUTPUT_CACHING).
 
+Timing owns the GPU: with several slots on one GPU, each judge takes that GPU's lock file
+(`GpuLock`, an flock the kernel drops when the judge dies) for its whole timing stage, so no other
+job's timing runs on the GPU at the same time (issue 16: with 4 slots timing at once on an H200,
+the verdicts' reference times were 1.39x and the candidates' 2.07x those of one process timing
+alone). Other jobs' correctness trials can still overlap a timing stage: for figures comparable
+with KernelBench, run one slot per GPU (the default). A judge waits at most `LOCK_WAIT_S`; past
+that it times anyway and says so in the verdict's environment (`timing_lock`), so a slow
+neighbour can never turn into a timeout of this job.
+
 The timer's functions are bound when this module is imported (before any candidate code runs),
 and the candidate process's StateGuard refuses candidates that replace them afterwards. On the
 CPU test device the same calls are timed with `time.perf_counter`.
@@ -29,13 +38,19 @@ CPU test device the same calls are timed with `time.perf_counter`.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import os
 import statistics
+import tempfile
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 
 WARMUP_CALLS = 3
+LOCK_WAIT_S = 60.0
+LOCK_DIR = os.path.join(tempfile.gettempdir(), "dice-verifier-gpu-locks")
 
 
 def stats(samples_us: list[float]) -> dict[str, Any]:
@@ -82,3 +97,55 @@ class Timer:
     self._end.synchronize()
     torch.cuda.synchronize()
     return self._start.elapsed_time(self._end) * 1000.0, out
+
+
+class GpuLock:
+  """The lock file of the GPU a judge times on, opened before the judge's sandbox closes.
+
+  `for_device` keys it by the GPU's UUID, so the slots of every server on the host share it. It is
+  opened, never inherited: the candidate's process is forked from the worker, not from the judge,
+  and cannot reach it. None for `path`: no lock (`state` says why).
+  """
+
+  def __init__(self, path: str | None, state: str = "off (not a GPU)"):
+    self.fd: int | None = None
+    self.state = state
+    if path is None:
+      return
+    try:
+      os.makedirs(os.path.dirname(path), exist_ok=True)
+      with contextlib.suppress(OSError):  # another user's server may own the folder
+        os.chmod(os.path.dirname(path), 0o1777)
+      self.fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+    except OSError as e:
+      self.state = f"unavailable ({path}: {e.strerror})"
+
+  @classmethod
+  def for_device(cls, device: torch.device, lock_dir: str = LOCK_DIR) -> "GpuLock":
+    if device.type != "cuda":
+      return cls(None)
+    props = torch.cuda.get_device_properties(device)
+    key = str(getattr(props, "uuid", "") or os.environ.get("CUDA_VISIBLE_DEVICES", "0"))
+    return cls(os.path.join(lock_dir, f"gpu-{key}.lock"))
+
+  @contextlib.contextmanager
+  def held(self, wait_s: float = LOCK_WAIT_S) -> Iterator[str]:
+    """Holds the lock (waiting up to `wait_s`); yields what the verdict reports about it."""
+    if self.fd is None:
+      yield self.state
+      return
+    start = time.monotonic()
+    while True:
+      try:
+        fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        break
+      except BlockingIOError:
+        if time.monotonic() - start >= wait_s:
+          yield f"not acquired in {wait_s:g} s: timed alongside another job's timing"
+          return
+        time.sleep(0.005)
+    try:
+      waited = time.monotonic() - start
+      yield f"held (waited {waited:.2f} s)" if waited >= 0.01 else "held"
+    finally:
+      fcntl.flock(self.fd, fcntl.LOCK_UN)

@@ -46,6 +46,7 @@ def test_correct_candidate_passes_every_trial_and_is_timed(cpu_server):
   stages = [t.stage for t in verdict.stage_timings]
   assert stages[:2] == [pb.STAGE_STATIC_CHECK, pb.STAGE_COMPILE]
   assert {pb.STAGE_QUEUE, pb.STAGE_LOAD, pb.STAGE_CORRECTNESS, pb.STAGE_TIMING} <= set(stages)
+  assert verdict.environment.timing_lock == "off (not a GPU)"  # the GPU lock: timing.GpuLock
 
 
 def test_tolerance_decides_and_is_configurable(cpu_server):

@@ -397,6 +397,7 @@ def run(job: dict[str, Any], chan: wire.Channel, emit: Callable[[dict[str, Any]]
     try:
       fraction = job.get("sandbox", {}).get("judge_gpu_memory_fraction", 0.0)
       result["environment"] = _setup(judge.device, fraction)
+      gpu_lock = timing.GpuLock.for_device(judge.device)
       lock_down()
     except Exception as e:  # pylint: disable=broad-except
       raise Ended("INFRA_ERROR", f"judge setup failed: {type(e).__name__}: {e}") from e
@@ -405,7 +406,9 @@ def run(job: dict[str, Any], chan: wire.Channel, emit: Callable[[dict[str, Any]]
     judge.correctness()
     judge.probes()
     if not judge.opts["skip_timing"]:
-      judge.time_both()
+      with gpu_lock.held() as state:
+        result["environment"]["timing_lock"] = state
+        judge.time_both()
     judge.ask({"op": "finish"})
     result["outcome"] = "OK"
   except Ended as e:

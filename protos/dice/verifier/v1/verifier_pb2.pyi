@@ -237,7 +237,7 @@ class ExploitFinding(_message.Message):
     def __init__(self, kind: _Optional[_Union[Exploit, str]] = ..., evidence: _Optional[str] = ...) -> None: ...
 
 class Environment(_message.Message):
-    __slots__ = ("gpu_name", "driver_version", "cuda_runtime_version", "nvcc_version", "torch_version", "gpu_arch", "python_version", "server_version", "hostname")
+    __slots__ = ("gpu_name", "driver_version", "cuda_runtime_version", "nvcc_version", "torch_version", "gpu_arch", "python_version", "server_version", "hostname", "timing_lock")
     GPU_NAME_FIELD_NUMBER: _ClassVar[int]
     DRIVER_VERSION_FIELD_NUMBER: _ClassVar[int]
     CUDA_RUNTIME_VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -247,6 +247,7 @@ class Environment(_message.Message):
     PYTHON_VERSION_FIELD_NUMBER: _ClassVar[int]
     SERVER_VERSION_FIELD_NUMBER: _ClassVar[int]
     HOSTNAME_FIELD_NUMBER: _ClassVar[int]
+    TIMING_LOCK_FIELD_NUMBER: _ClassVar[int]
     gpu_name: str
     driver_version: str
     cuda_runtime_version: str
@@ -256,7 +257,8 @@ class Environment(_message.Message):
     python_version: str
     server_version: str
     hostname: str
-    def __init__(self, gpu_name: _Optional[str] = ..., driver_version: _Optional[str] = ..., cuda_runtime_version: _Optional[str] = ..., nvcc_version: _Optional[str] = ..., torch_version: _Optional[str] = ..., gpu_arch: _Optional[str] = ..., python_version: _Optional[str] = ..., server_version: _Optional[str] = ..., hostname: _Optional[str] = ...) -> None: ...
+    timing_lock: str
+    def __init__(self, gpu_name: _Optional[str] = ..., driver_version: _Optional[str] = ..., cuda_runtime_version: _Optional[str] = ..., nvcc_version: _Optional[str] = ..., torch_version: _Optional[str] = ..., gpu_arch: _Optional[str] = ..., python_version: _Optional[str] = ..., server_version: _Optional[str] = ..., hostname: _Optional[str] = ..., timing_lock: _Optional[str] = ...) -> None: ...
 
 class Verdict(_message.Message):
     __slots__ = ("request_id", "outcome", "stage", "message", "compile", "trials", "timing", "stage_timings", "environment", "exploits", "launched_kernels", "attempts", "total_s", "custom_kernel_time_fraction", "forward_ops", "policy")
