@@ -53,7 +53,7 @@ from verifier_service import timing
 from verifier_service import toolchain as toolchain_lib
 from verifier_service.untrusted import child
 
-WARMUP_CALLS = 3
+WARMUP_CALLS = 3  # KernelBench's warm-up (the verifier's own is timing.warm_up)
 
 
 def load_pairs(path: str, count: int) -> list[dict]:
@@ -82,8 +82,7 @@ def load_pairs(path: str, count: int) -> list[dict]:
 def ours(fn, trials: int, device: torch.device) -> tuple[float, float]:
   """(cold median, warm median) in microseconds, as the verifier times one side."""
   timer = timing.Timer(device)
-  for _ in range(WARMUP_CALLS):
-    fn()
+  timing.warm_up(lambda: (fn(), torch.cuda.synchronize()))
   cold, warm = [], []
   for _ in range(trials):
     cold.append(timer(fn, True)[0])

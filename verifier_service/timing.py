@@ -48,7 +48,8 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-WARMUP_CALLS = 3
+WARMUP_CALLS = 3  # at least, and for at least WARMUP_S: a GPU that idled runs slower at first
+WARMUP_S = 0.2
 LOCK_WAIT_S = 60.0
 LOCK_DIR = os.path.join(tempfile.gettempdir(), "dice-verifier-gpu-locks")
 
@@ -62,6 +63,18 @@ def stats(samples_us: list[float]) -> dict[str, Any]:
       "min_us": ordered[0], "max_us": ordered[-1], "p10_us": q(0.10), "p90_us": q(0.90),
       "stddev_us": statistics.pstdev(ordered), "num_trials": len(ordered),
   }
+
+
+def warm_up(fn: Callable[[], Any], max_calls: int = 10_000) -> int:
+  """Calls `fn` (which waits for its own work) at least WARMUP_CALLS times and for at least
+  WARMUP_S seconds; returns the number of calls. Time-based, as triton's do_bench warms up: after
+  the idle gaps between jobs the GPU's first calls ran up to 1.4x slower (H200, 2026-12-01,
+  benchmarks/verifier_timing_env.py), and three calls did not cover that."""
+  start, calls = time.perf_counter(), 0
+  while calls < max_calls and (calls < WARMUP_CALLS or time.perf_counter() - start < WARMUP_S):
+    fn()
+    calls += 1
+  return calls
 
 
 class Timer:

@@ -308,8 +308,7 @@ class Judge:
     buf = problem.clone_tree(base)
     timer = timing.Timer(self.device)
     self.ask({"op": "warmup", "seed": self.seed + 1})
-    for _ in range(timing.WARMUP_CALLS):
-      self.run_reference(buf)
+    timing.warm_up(lambda: self.run_reference(buf))
     trials = self.opts["num_timing_trials"]
     per_call = max(1, wire.payload_bytes(self.spec))
     batch = max(2, min(BATCH_CALLS, KEPT_BYTES // per_call)) // 2 * 2

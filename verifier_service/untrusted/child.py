@@ -340,8 +340,7 @@ class CandidateSide:
     self.timer = timing.Timer(self.device)
     self.base = self.inputs(int(header["seed"]))
     self.buf = problem.clone_tree(self.base)
-    for _ in range(timing.WARMUP_CALLS):
-      self.call(self.buf, "ModelNew (timed call)")
+    timing.warm_up(lambda: self.call(self.buf, "ModelNew (timed call)"))
     return {"stop": self.checkpoint()}
 
   def on_time(self, header: dict[str, Any]) -> dict[str, Any]:

@@ -1,0 +1,124 @@
+"""What in the verifier's job processes slows a timed call down (GPU; issue 16, timing).
+
+benchmarks/verifier_timing.py found the service's timings of DICE references 1.38x and of
+candidates 1.85x what the same timer measures in a plain process, at one slot per GPU (H200,
+2026-12-01): not concurrency, then, but something in the processes the verdict's times come from.
+This script times the same DICE references with the verifier's own Timer in fresh processes that
+differ in one respect each, so the ratio to `plain` names the cause:
+
+  plain                 CUDA set up, the reference built, timed: the in-process figure
+  plain_again           the same, last: what running first (after the GPU idled) costs
+  profiled              after one `probes.kernel_profile` (torch.profiler with CUDA activity,
+                        CUPTI), as the candidate's process runs at set-up and for its profile probe
+  profiled_teardown     the same with TEARDOWN_CUPTI=1 (kineto finalises CUPTI when it stops)
+  seccomp               the verifier's seccomp filter alone (sandbox._seccomp)
+  sandboxed             every sandbox layer (sandbox.lock_down), as the judge times the reference
+  candidate_like        sandboxed + profiled + the armed audit hook (guards.Tripwire)
+
+  python benchmarks/verifier_timing_env.py DICE_JSON [--pairs 12] [--trials 100]   # GPU, ~1 min
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+CONDITIONS = ("plain", "profiled", "profiled_teardown", "seccomp", "sandboxed", "candidate_like",
+              "plain_again")
+
+
+def child(condition: str, data: str, count: int, trials: int) -> dict[str, list[float]]:
+  """Runs in a fresh process: per reference, (warm median, cold median) in microseconds."""
+  from verifier_service import sandbox  # pylint: disable=import-outside-toplevel
+  condition = condition.replace("_again", "")
+  sandboxed = condition in ("sandboxed", "candidate_like")
+  job_dir = tempfile.mkdtemp(prefix="timing-env-")
+  netns = sandbox.enter_namespaces() if sandboxed else ""
+  import torch  # pylint: disable=import-outside-toplevel
+  from verifier_service import problem, timing  # pylint: disable=import-outside-toplevel
+  from verifier_service.untrusted import guards, probes  # pylint: disable=import-outside-toplevel
+  device = torch.device("cuda")
+  torch.cuda.init()
+  torch.zeros(1, device=device)
+  items = json.load(open(data))[:count]
+  refs = []
+  for item in items:
+    module = problem.exec_module(f"ref_{item['id']}", item["pytorch_code"], f"ref_{item['id']}.py")
+    model = problem.build(module.Model, module.get_init_inputs, 42, device).to(device)
+    refs.append((item["id"], model, problem.inputs(module.get_inputs, 43, device, None)))
+  if condition in ("profiled", "profiled_teardown", "candidate_like"):
+    for _, model, args in refs:
+      probes.kernel_profile(lambda m=model, a=args: m(*a), [])
+  if condition == "seccomp":
+    sandbox._seccomp(None)  # pylint: disable=protected-access
+  if sandboxed:
+    os.chdir(job_dir)
+    cuda_root = os.environ.get("CUDA_HOME", "/usr/local/cuda")
+    sandbox.lock_down(sandbox.Policy(job_dir=job_dir, read_only=sandbox.default_read_only(
+        [cuda_root]), memory_bytes=32 << 30), netns, None)
+  if condition == "candidate_like":
+    wire = guards.Tripwire({problem.CANDIDATE_FILE}, job_dir, sandbox.default_read_only([]))
+    wire.install()
+    wire.armed = True
+  timer = timing.Timer(device)
+  out = {}
+  with torch.no_grad():
+    for ident, model, args in refs:
+      fn = lambda m=model, a=args: m(*a)
+      timing.warm_up(lambda f=fn: (f(), torch.cuda.synchronize()))
+      warm = [timer(fn, False)[0] for _ in range(trials)]
+      cold = [timer(fn, True)[0] for _ in range(trials)]
+      out[str(ident)] = [statistics.median(warm), statistics.median(cold)]
+  return out
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser.add_argument("data")
+  parser.add_argument("--pairs", type=int, default=12)
+  parser.add_argument("--trials", type=int, default=100)
+  parser.add_argument("--child", choices=CONDITIONS, help=argparse.SUPPRESS)
+  parser.add_argument("--out", default="")
+  args = parser.parse_args()
+  if args.child:
+    print("RESULT " + json.dumps(child(args.child, args.data, args.pairs, args.trials)), flush=True)
+    return
+  results = {}
+  for condition in CONDITIONS:
+    env = {k: v for k, v in os.environ.items() if k != "TEARDOWN_CUPTI"}  # as the verifier runs
+    if condition == "profiled_teardown":
+      env["TEARDOWN_CUPTI"] = "1"
+    proc = subprocess.run([sys.executable, __file__, args.data, "--pairs", str(args.pairs),
+                           "--trials", str(args.trials), "--child", condition],
+                          capture_output=True, text=True, env=env, timeout=300, check=False)
+    lines = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
+    if not lines:
+      print(f"{condition}: failed (exit {proc.returncode}): {proc.stderr[-1500:]}", flush=True)
+      continue
+    results[condition] = json.loads(lines[-1][len("RESULT "):])
+  base = results.get("plain")
+  if not base:
+    sys.exit("the plain condition failed; nothing to compare")
+  print(f"{'condition':20} {'warm x plain':>12} {'cold x plain':>12} {'warm +us':>9} {'cold +us':>9}"
+        f"   (medians over {len(base)} DICE references; plain warm median "
+        f"{statistics.median(v[0] for v in base.values()):.1f} us)")
+  summary = {}
+  for condition, got in results.items():
+    ids = [i for i in got if i in base]
+    ratio = [statistics.median(got[i][k] / base[i][k] for i in ids) for k in (0, 1)]
+    added = [statistics.median(got[i][k] - base[i][k] for i in ids) for k in (0, 1)]
+    summary[condition] = {"warm_ratio": ratio[0], "cold_ratio": ratio[1], "warm_added_us": added[0],
+                          "cold_added_us": added[1]}
+    print(f"{condition:20} {ratio[0]:12.2f} {ratio[1]:12.2f} {added[0]:9.1f} {added[1]:9.1f}")
+  if args.out:
+    with open(args.out, "w") as f:
+      json.dump({"summary": summary, "per_reference_us": results}, f, indent=1)
+
+
+if __name__ == "__main__":
+  main()
