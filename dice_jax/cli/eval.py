@@ -1,9 +1,9 @@
 """`dice eval`: KernelBench-style evaluation (execution accuracy, fast_p, pass@k) through the verifier.
 
-Exit codes: 0 finished; 2 bad command line or input (problems, generations, model directory,
-templates); 4 the verifier is unreachable, or verdicts are INFRA_ERROR (rerun the same command to
-retry only those); 130 interrupted by Ctrl-C or SIGTERM (every verdict that arrived is saved:
-rerun to continue; a --verifier local server is stopped).
+Exit codes (dice_jax.cli.exit_codes): 0 finished; 2 bad command line or input (problems,
+generations, model directory, templates); 4 the verifier is unreachable, or verdicts are
+INFRA_ERROR (rerun the same command to retry only those); 130 interrupted by Ctrl-C or SIGTERM
+(every verdict that arrived is saved: rerun to continue; a --verifier local server is stopped).
 """
 
 from __future__ import annotations
@@ -13,7 +13,10 @@ import logging
 import pathlib
 import sys
 
-EXIT_OK, EXIT_USAGE, EXIT_VERIFIER, EXIT_INTERRUPTED = 0, 2, 4, 130
+from dice_jax.cli.exit_codes import Exit, epilog
+from dice_jax.verifier.defaults import EVALUATION, POLICY_NAMES, PRECISION_NAMES
+
+CODES = (Exit.OK, Exit.USAGE, Exit.VERIFIER, Exit.INTERRUPTED)
 
 _EPILOG = """\
 examples:
@@ -40,8 +43,7 @@ keyed by a hash of reference + candidate + options) and are never requested twic
 (needs the 'verify' extra: torch and nvcc); without a GPU its verdicts are compile-only and the
 report says correctness is unavailable. Give HOST:PORT to use a running `dice-verifier serve`.
 
-exit codes: 0 done, 2 bad input, 4 verifier unreachable or INFRA_ERROR verdicts left, 130 interrupted.
-"""
+""" + epilog(*CODES, USAGE="bad input")
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -91,7 +93,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
   ver.add_argument("--verifier", metavar="HOST:PORT|local", default="local",
                    help="verifier target(s), comma-separated, or 'local': a loopback server for this run "
                         "(default)")
-  ver.add_argument("--precision", choices=("fp32", "fp16", "bf16"), default="fp32",
+  ver.add_argument("--precision", choices=PRECISION_NAMES, default="fp32",
                    help="floating precision problems are run in (default fp32); integer inputs "
                         "keep their dtype")
   ver.add_argument("--trials", type=int, default=0, help="correctness trials (0: server default, 5)")
@@ -100,13 +102,14 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                         "used 1e-2)")
   ver.add_argument("--rtol", type=float, default=0.0, help="relative tolerance (0: as --atol)")
   ver.add_argument("--skip-timing", action="store_true", help="correctness only (no fast_p)")
-  ver.add_argument("--policy", choices=("default", "strict"), default=None,
+  ver.add_argument("--policy", choices=POLICY_NAMES, default=None,
                    help="partial replacement: default (KernelBench/DICE: a kept torch matmul or "
                         "conv is fine) or strict (torch only for glue); unset: the server's")
   ver.add_argument("--auth-token-file", metavar="FILE", help="bearer token for the verifier")
-  ver.add_argument("--connect-timeout", type=float, default=10.0, help="seconds (default 10)")
-  ver.add_argument("--request-timeout", type=float, default=1800.0,
-                   help="seconds from send to verdict per candidate (default 1800)")
+  ver.add_argument("--connect-timeout", type=float, default=EVALUATION.connect_timeout_s,
+                   help="seconds (default %(default)g)")
+  ver.add_argument("--request-timeout", type=float, default=EVALUATION.request_timeout_s,
+                   help="seconds from send to verdict per candidate (default %(default)g)")
   out = parser.add_argument_group("output")
   out.add_argument("--out", metavar="DIR", type=pathlib.Path,
                    help="results directory (default runs/eval/<problems>-<source>); rerunning with "
@@ -116,16 +119,16 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
   return parser
 
 
-def _error(message: str, code: int = EXIT_USAGE) -> int:
+def _error(message: str, code: int = Exit.USAGE) -> int:
   print(f"dice eval: error: {message}", file=sys.stderr)
   return code
 
 
 def run(args: argparse.Namespace) -> int:
   logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-  from dice_jax.eval import command  # pylint: disable=import-outside-toplevel
+  from dice_jax.cli import eval_run  # pylint: disable=import-outside-toplevel
   if args.compare:
-    return command.compare(args)
+    return eval_run.compare(args)
   if not args.problems:
     return _error("--problems PATH is required (or --compare RUN_A RUN_B)")
   if not (args.model or args.generations or args.reference_generations):
@@ -135,11 +138,11 @@ def run(args: argparse.Namespace) -> int:
   if args.samples > 1 and not args.model:
     return _error("--samples applies to --model (generated samples); with --generations the sample "
                   "files decide")
-  from dice_jax.eval.connect import sigterm_as_interrupt  # pylint: disable=import-outside-toplevel
+  from dice_jax.cli.signals import sigterm_as_interrupt  # pylint: disable=import-outside-toplevel
   try:
     with sigterm_as_interrupt():
-      return command.evaluate(args)
+      return eval_run.evaluate(args)
   except KeyboardInterrupt:
     out = getattr(args, "resolved_out", args.out)
     return _error(f"interrupted; verdicts received so far are saved in {out}/verdicts.jsonl. "
-                  "Run the same command again to continue.", EXIT_INTERRUPTED)
+                  "Run the same command again to continue.", Exit.INTERRUPTED)

@@ -11,8 +11,8 @@ FILE.jsonl has one object per line: {"problem_id": ..., "phase": 1 or 2, "comple
 Completions of the same problem and phase form one group (components normalised per group see
 them together, as the G responses to one prompt do in training).
 
-Exit codes: 0 every completion was scored; 2 bad command line, config or input file; 5 the verifier
-could not be started or reached (the same codes as `dice train`).
+Exit codes (dice_jax.cli.exit_codes): 0 every completion was scored; 2 bad command line, config or
+input file; 4 the verifier could not be started or reached (the same codes as `dice train`).
 """
 
 from __future__ import annotations
@@ -25,7 +25,9 @@ import sys
 import tempfile
 from typing import Any
 
-EXIT_OK, EXIT_USAGE, EXIT_VERIFIER = 0, 2, 5
+from dice_jax.cli.exit_codes import Exit, epilog
+
+CODES = (Exit.OK, Exit.USAGE, Exit.VERIFIER)
 
 _EPILOG = """\
 examples:
@@ -37,8 +39,7 @@ examples:
       'rewards.custom.short={fn: "myrewards:short", weight: 0.1}' --json rows.json
 
 A line of FILE.jsonl: {"problem_id": "19_ReLU", "phase": 2, "completion": "```python\\n...```"}
-exit codes: 0 done, 2 bad input, 5 verifier unreachable.
-"""
+""" + epilog(*CODES, USAGE="bad input", VERIFIER="verifier could not be started or reached")
 
 
 class InputError(ValueError):
@@ -120,7 +121,7 @@ def _load_problems(paths: list[str]) -> dict[str, Any]:
 def check(cfg, problems: dict[str, Any], records: list[dict[str, Any]], workdir: str
           ) -> tuple[list[dict[str, Any]], str]:
   """(the rows of `records`, what the verifier said about itself); see the module docstring.
-  Raises VerifierUnreachable / LocalVerifierError when no verifier can be reached."""
+  Raises one of dice_jax.verifier.connect.UNAVAILABLE when no verifier can be reached."""
   from dice_jax.data.rl_data import make_item
   from dice_jax.rewards.candidates import submit_completions
   from dice_jax.rl import rewarding, setup
@@ -141,7 +142,7 @@ def check(cfg, problems: dict[str, Any], records: list[dict[str, Any]], workdir:
   connection = setup.connect_verifier(cfg.verifier, workdir)
   try:
     shaper = rewarding.build_shaper(cfg.rewards, connection.has_gpu)
-    verdicts = submit_completions(connection.client, completions, options=setup.verify_options(cfg.verifier),
+    verdicts = submit_completions(connection.client, completions, options=cfg.verifier.options(),
                                   **columns).result()
     scored = rewarding.score(shaper, prompts, completions, verdicts, columns, group_ids)
     verifier = connection.describe()
@@ -188,8 +189,7 @@ def run(args: argparse.Namespace) -> int:
   from dice_jax.cli.train import load
   from dice_jax.config import ConfigError
   from dice_jax.data.problems import ProblemLoadError
-  from dice_jax.eval.connect import VerifierUnreachable
-  from dice_jax.eval.local_verifier import LocalVerifierError
+  from dice_jax.verifier.connect import UNAVAILABLE
 
   overrides = list(args.overrides)
   if args.verifier:
@@ -200,17 +200,17 @@ def run(args: argparse.Namespace) -> int:
     records = read_completions(args.completions, problems)
   except (ConfigError, ProblemLoadError, InputError) as e:
     print(f"dice rewards check: {e}", file=sys.stderr)
-    return EXIT_USAGE
+    return Exit.USAGE
   with tempfile.TemporaryDirectory(prefix="dice-rewards-check-") as workdir:
     try:
       rows, verifier = check(cfg, problems, records, workdir)
     except ConfigError as e:
       print(f"dice rewards check: {e}", file=sys.stderr)
-      return EXIT_USAGE
-    except (VerifierUnreachable, LocalVerifierError) as e:
+      return Exit.USAGE
+    except UNAVAILABLE as e:
       print(f"dice rewards check: verifier: {e}", file=sys.stderr)
-      return EXIT_VERIFIER
+      return Exit.VERIFIER
   print_rows(rows, verifier)
   if args.json:
     pathlib.Path(args.json).expanduser().write_text(json.dumps(rows, indent=1) + "\n", encoding="utf-8")
-  return EXIT_OK
+  return Exit.OK

@@ -1,9 +1,9 @@
 """`dice sft`: supervised fine-tuning of a diffusion LM on prompt/response data.
 
-Exit codes: 0 finished; 2 bad command line, config, data file or model directory (nothing was
-trained); 3 the loss diverged (NaN/inf); 4 a checkpoint does not match the config; 75 stopped by
-SIGTERM or a preemption notice after saving a checkpoint (run the same command to resume);
-130 interrupted by Ctrl-C after saving a checkpoint.
+Exit codes (dice_jax.cli.exit_codes): 0 finished; 2 bad command line, config, data file or model
+directory (nothing was trained); 5 the loss diverged (NaN/inf); 6 a checkpoint does not match the
+config; 75 stopped by SIGTERM or a preemption notice after saving a checkpoint (run the same command
+to resume); 130 interrupted by Ctrl-C after saving a checkpoint.
 """
 
 from __future__ import annotations
@@ -12,10 +12,11 @@ import argparse
 import logging
 import signal
 import sys
-import threading
 
-EXIT_OK, EXIT_USAGE, EXIT_DIVERGED, EXIT_CHECKPOINT, EXIT_PREEMPTED, EXIT_INTERRUPTED = (
-    0, 2, 3, 4, 75, 130)
+from dice_jax.cli.exit_codes import Exit, epilog
+from dice_jax.cli.signals import StopFlag
+
+CODES = (Exit.OK, Exit.USAGE, Exit.DIVERGED, Exit.CHECKPOINT, Exit.PREEMPTED, Exit.INTERRUPTED)
 
 _EPILOG = """\
 examples:
@@ -28,9 +29,7 @@ The run directory gets checkpoints/ (orbax; a rerun of the same command resumes 
 tensorboard/ (event files), metrics.jsonl, config.yaml (the resolved config) and, at the end,
 hf/ (the model in Hugging Face layout, the input of `dice train`).
 
-exit codes: 0 done, 2 bad config/data/model dir, 3 loss diverged, 4 checkpoint mismatch,
-75 stopped (SIGTERM/preemption) after saving a checkpoint, 130 Ctrl-C after saving.
-"""
+""" + epilog(*CODES, USAGE="bad config/data/model dir", INTERRUPTED="Ctrl-C after saving")
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -53,39 +52,6 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
   return parser
 
 
-class _StopFlag:
-  """Set by SIGTERM (and the first Ctrl-C) while installed; the loop saves and returns.
-
-  Single-process runs only: processes of a pod would see the signal at different steps, and
-  JAX's own preemption notice (synchronised by jax.distributed, honoured through orbax's
-  `reached_preemption`) must keep its SIGTERM handler. `enabled=False` installs nothing.
-  """
-
-  def __init__(self, enabled: bool = True):
-    self.enabled = enabled
-    self.signal: int | None = None
-    self._previous = {}
-
-  def __call__(self) -> bool:
-    return self.signal is not None
-
-  def _handle(self, signum, frame):
-    del frame
-    self.signal = signum
-    signal.signal(signal.SIGINT, signal.default_int_handler)  # a second Ctrl-C: stop now
-    logging.getLogger(__name__).warning("signal %d: saving a checkpoint, then stopping", signum)
-
-  def __enter__(self) -> _StopFlag:
-    if self.enabled and threading.current_thread() is threading.main_thread():
-      for signum in (signal.SIGTERM, signal.SIGINT):
-        self._previous[signum] = signal.signal(signum, self._handle)
-    return self
-
-  def __exit__(self, *exc) -> None:
-    for signum, handler in self._previous.items():
-      signal.signal(signum, handler)
-
-
 def run(args: argparse.Namespace) -> int:
   logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                       stream=sys.stderr)
@@ -98,12 +64,12 @@ def run(args: argparse.Namespace) -> int:
     cfg = load_config(SFTConfig, args.config, args.overrides)
   except ConfigError as e:
     print(f"dice sft: config error: {e}", file=sys.stderr)
-    return EXIT_USAGE
+    return Exit.USAGE
   if args.print_config:
     import yaml
 
     print(yaml.safe_dump(to_dict(cfg), sort_keys=False), end="")
-    return EXIT_OK
+    return Exit.OK
   return _train(cfg)
 
 
@@ -117,21 +83,21 @@ def _train(cfg) -> int:
   from dice_jax.train.sft_loop import TrainingDiverged, run_sft
 
   try:
-    with _StopFlag(enabled=launcher(cfg.distributed) is None) as stop:
+    with StopFlag(enabled=launcher(cfg.distributed) is None) as stop:
       result = run_sft(cfg, should_stop=stop)
   except (ConfigError, SFTDataError, UnsupportedModelError, FileNotFoundError) as e:
     print(f"dice sft: {e}", file=sys.stderr)
-    return EXIT_USAGE
+    return Exit.USAGE
   except TrainingDiverged as e:
     print(f"dice sft: training diverged: {e}", file=sys.stderr)
-    return EXIT_DIVERGED
+    return Exit.DIVERGED
   except (CheckpointError, HFCheckpointError) as e:
     print(f"dice sft: checkpoint error: {e}", file=sys.stderr)
-    return EXIT_CHECKPOINT
+    return Exit.CHECKPOINT
   if result.status == "done":
     where = f"; model in Hugging Face layout: {result.hf_dir}" if result.hf_dir else ""
     print(f"dice sft: done at step {result.step} in {result.run_dir}{where}", file=sys.stderr)
-    return EXIT_OK
+    return Exit.OK
   print(f"dice sft: {result.status} at step {result.step} (checkpoint saved); run the same "
         f"command to resume", file=sys.stderr)
-  return EXIT_INTERRUPTED if stop.signal == signal.SIGINT else EXIT_PREEMPTED
+  return Exit.INTERRUPTED if stop.signal == signal.SIGINT else Exit.PREEMPTED

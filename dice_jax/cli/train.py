@@ -3,10 +3,11 @@
 With no `--config` it runs the built-in `tiny` default (dice_jax.rl.config.RLConfig(); also
 configs/tiny.yaml): a tiny random model, the bundled problems and a verifier started on loopback.
 
-Exit codes: 0 finished; 2 bad command line, config, data file or model directory (nothing was
-trained); 3 the loss diverged (NaN/inf); 4 a checkpoint does not match the config; 5 the verifier
-could not be started or reached; 75 stopped by SIGTERM or a preemption notice after saving a
-checkpoint (run the same command to resume); 130 interrupted by Ctrl-C after saving a checkpoint.
+Exit codes (dice_jax.cli.exit_codes): 0 finished; 2 bad command line, config, data file or model
+directory (nothing was trained); 4 the verifier could not be started or reached; 5 the loss
+diverged (NaN/inf); 6 a checkpoint does not match the config; 75 stopped by SIGTERM or a
+preemption notice after saving a checkpoint (run the same command to resume); 130 interrupted by
+Ctrl-C after saving a checkpoint.
 """
 
 from __future__ import annotations
@@ -16,10 +17,10 @@ import logging
 import signal
 import sys
 
-from dice_jax.cli.sft import _StopFlag
+from dice_jax.cli.exit_codes import Exit, epilog
+from dice_jax.cli.signals import StopFlag
 
-EXIT_OK, EXIT_USAGE, EXIT_DIVERGED, EXIT_CHECKPOINT, EXIT_VERIFIER, EXIT_PREEMPTED, EXIT_INTERRUPTED = (
-    0, 2, 3, 4, 5, 75, 130)
+CODES = (Exit.OK, Exit.USAGE, Exit.VERIFIER, Exit.DIVERGED, Exit.CHECKPOINT, Exit.PREEMPTED, Exit.INTERRUPTED)
 
 _EPILOG = """\
 examples:
@@ -33,9 +34,8 @@ The run directory gets checkpoints/ (orbax; the same command resumes from the la
 metrics.jsonl (`dice plot RUN_DIR` draws it), config.yaml (the resolved config), verifier.log (a
 local verifier's log) and, at the end, hf/ (the policy in Hugging Face layout).
 
-exit codes: 0 done, 2 bad config/data/model dir, 3 loss diverged, 4 checkpoint mismatch,
-5 verifier unreachable, 75 stopped (SIGTERM/preemption) after saving, 130 Ctrl-C after saving.
-"""
+""" + epilog(*CODES, USAGE="bad config/data/model dir", VERIFIER="verifier could not be started or reached",
+             INTERRUPTED="Ctrl-C after saving")
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -81,12 +81,12 @@ def run(args: argparse.Namespace) -> int:
   except ConfigError as e:
     where = f"{args.config}: " if args.config else ""
     print(f"dice train: config error: {where}{e}", file=sys.stderr)
-    return EXIT_USAGE
+    return Exit.USAGE
   if args.print_config:
     import yaml
 
     print(yaml.safe_dump(to_dict(cfg), sort_keys=False), end="")
-    return EXIT_OK
+    return Exit.OK
   return _train(cfg)
 
 
@@ -94,37 +94,36 @@ def _train(cfg) -> int:
   from dice_jax.checkpoints import CheckpointError
   from dice_jax.config import ConfigError
   from dice_jax.data.problems import ProblemLoadError
-  from dice_jax.eval.connect import VerifierUnreachable
-  from dice_jax.eval.local_verifier import LocalVerifierError
+  from dice_jax.verifier.connect import UNAVAILABLE
   from dice_jax.model.config import UnsupportedModelError
   from dice_jax.model.hf_io import CheckpointError as HFCheckpointError
   from dice_jax.rl.loop import TrainingDiverged, run_rl
   from dice_jax.rl.summary import print_summary
 
   try:
-    with _StopFlag() as stop:
+    with StopFlag() as stop:
       result = run_rl(cfg, should_stop=stop)
   except (ConfigError, ProblemLoadError, UnsupportedModelError, FileNotFoundError) as e:
     print(f"dice train: {e}", file=sys.stderr)
-    return EXIT_USAGE
-  except (VerifierUnreachable, LocalVerifierError) as e:
+    return Exit.USAGE
+  except UNAVAILABLE as e:
     print(f"dice train: verifier: {e}", file=sys.stderr)
-    return EXIT_VERIFIER
+    return Exit.VERIFIER
   except TrainingDiverged as e:
     print(f"dice train: training diverged: {e}", file=sys.stderr)
-    return EXIT_DIVERGED
+    return Exit.DIVERGED
   except (CheckpointError, HFCheckpointError) as e:
     print(f"dice train: checkpoint error: {e}", file=sys.stderr)
-    return EXIT_CHECKPOINT
+    return Exit.CHECKPOINT
   print_summary(result)
   if result.status == "done" and result.step == result.start_step:
     print(f"dice train: {result.run_dir} had already finished its {result.step} steps; nothing to do (raise "
           "train.steps=, or give another run_dir=)", file=sys.stderr)
-    return EXIT_OK
+    return Exit.OK
   if result.status == "done":
     where = f"; policy in Hugging Face layout: {result.hf_dir}" if result.hf_dir else ""
     print(f"dice train: done at step {result.step} in {result.run_dir}{where}", file=sys.stderr)
-    return EXIT_OK
+    return Exit.OK
   print(f"dice train: {result.status} at step {result.step} (checkpoint saved); run the same command to resume",
         file=sys.stderr)
-  return EXIT_INTERRUPTED if stop.signal == signal.SIGINT else EXIT_PREEMPTED
+  return Exit.INTERRUPTED if stop.signal == signal.SIGINT else Exit.PREEMPTED

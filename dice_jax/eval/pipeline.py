@@ -28,8 +28,8 @@ from dice_jax.data.problems import Problem
 from dice_jax.eval import generations as gen_lib
 from dice_jax.eval import report
 from dice_jax.eval import runner
-from dice_jax.eval.connect import Connection
 from dice_jax.eval.store import VerdictStore
+from dice_jax.verifier.connect import Connection
 
 SETTINGS_FILE = "settings.json"
 

@@ -15,6 +15,7 @@ import dataclasses
 import os
 from typing import Literal
 
+from dice.verifier.v1 import verifier_pb2 as pb
 from dice_jax.checkpoints import CheckpointConfig
 from dice_jax.config import require
 from dice_jax.data.problems import ProblemLoadError, check_source
@@ -23,6 +24,8 @@ from dice_jax.metrics_log import LoggingConfig
 from dice_jax.rewards.defaults import PRESET_WEIGHTS
 from dice_jax.train.model_setup import ModelSection
 from dice_jax.train.optim import OptimizerConfig
+from dice_jax.verifier.defaults import PRECISION_NAMES, TRAINING
+from dice_jax.verifier.options import verify_options
 
 BUILTIN_TEMPLATE_PREFIX = "builtin:"
 
@@ -225,11 +228,12 @@ class RewardsSection:
 class VerifierSection:
   # `local` (a `dice-verifier serve` subprocess on loopback for this run) or HOST:PORT targets.
   targets: tuple[str, ...] = ("local",)
-  connect_timeout_s: float = 10.0
-  request_timeout_s: float = 900.0  # per request, send to verdict (compiles queue behind each other)
-  max_in_flight: int = 64
+  # Client timeouts and window: dice_jax.verifier.defaults.TRAINING says why these values.
+  connect_timeout_s: float = TRAINING.connect_timeout_s
+  request_timeout_s: float = TRAINING.request_timeout_s  # per request, send to verdict
+  max_in_flight: int = TRAINING.max_in_flight_per_stream
   auth_token_file: str | None = None
-  precision: Literal["fp32", "fp16", "bf16"] = "fp32"
+  precision: Literal[PRECISION_NAMES] = "fp32"
   num_correctness_trials: int = 0  # 0: the server's default
   atol: float = 0.0  # correctness tolerances; 0: the server's per-precision default (fp32 1e-4)
   rtol: float = 0.0
@@ -255,6 +259,11 @@ class VerifierSection:
     require(self.streams_per_target >= 1, "streams_per_target", f"must be >= 1, got {self.streams_per_target}")
     require((self.tls_client_cert_file is None) == (self.tls_client_key_file is None), "tls_client_cert_file",
             "and tls_client_key_file must be given together")
+
+  def options(self) -> pb.VerifyOptions:
+    """What every request of a run asks the verifier for (precision, trials, tolerances, timing)."""
+    return verify_options(precision=self.precision, trials=self.num_correctness_trials, atol=self.atol,
+                          rtol=self.rtol, skip_timing=self.skip_timing)
 
 
 @dataclasses.dataclass(frozen=True)

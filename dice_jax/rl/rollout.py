@@ -32,12 +32,12 @@ from dice.verifier.v1 import verifier_pb2 as pb
 from dice_jax import distributed, sharding
 from dice_jax.model.tokenizer import Tokenizer
 from dice_jax.rewards.candidates import submit_completions
-from dice_jax.rewards.sync_client import VerifierClient
 from dice_jax.rl.config import RLConfig
 from dice_jax.rl.data import PromptBook
 from dice_jax.rl.logprobs import policy_logprobs
 from dice_jax.rl.scoring import ScoringSpec
 from dice_jax.sampler import SamplerConfig, generate
+from dice_jax.verifier.sync_client import VerifierClient
 
 
 @dataclasses.dataclass

@@ -18,11 +18,9 @@ import os
 import jax
 import jax.numpy as jnp
 
-from dice.verifier.v1 import verifier_pb2 as pb
 from dice_jax import sharding
 from dice_jax.checkpoints import Checkpointer, CheckpointError
 from dice_jax.config import ConfigError
-from dice_jax.eval import connect as connect_lib
 from dice_jax.rl import rewarding
 from dice_jax.rl.config import RLConfig, VerifierSection
 from dice_jax.rl.data import PromptBook
@@ -33,9 +31,10 @@ from dice_jax.train import model_setup
 from dice_jax.train.optim import cast_floating, make_optimizer
 from dice_jax.train.step import compile_train_step
 from dice_jax.train.train_state import abstract_state, create_train_state, state_shardings
+from dice_jax.verifier import connect as connect_lib
+from dice_jax.verifier.defaults import TRAINING
 
 log = logging.getLogger(__name__)
-PRECISIONS = {"fp32": pb.FP32, "fp16": pb.FP16, "bf16": pb.BF16}
 
 
 def _check_batch(cfg: RLConfig, mesh: jax.sharding.Mesh) -> None:
@@ -56,13 +55,6 @@ def _check_batch(cfg: RLConfig, mesh: jax.sharding.Mesh) -> None:
                 micro, ways)
 
 
-def verify_options(section: VerifierSection) -> pb.VerifyOptions:
-  """What every request of a run asks the verifier for (precision, trials, tolerances, timing)."""
-  return pb.VerifyOptions(precision=PRECISIONS[section.precision],
-                          num_correctness_trials=section.num_correctness_trials, atol=section.atol,
-                          rtol=section.rtol, skip_timing=section.skip_timing)
-
-
 def connect_verifier(section: VerifierSection, run_dir: str) -> connect_lib.Connection:
   spec = "local" if section.targets == ("local",) else ",".join(section.targets)
   try:
@@ -72,10 +64,10 @@ def connect_verifier(section: VerifierSection, run_dir: str) -> connect_lib.Conn
 
 
 def _connect(spec: str, section: VerifierSection, run_dir: str) -> connect_lib.Connection:
-  return connect_lib.connect(spec, connect_timeout_s=section.connect_timeout_s,
-                             request_timeout_s=section.request_timeout_s, max_in_flight=section.max_in_flight,
-                             auth_token_file=section.auth_token_file, local_cache_dir=section.local_cache_dir,
-                             local_log=os.path.join(run_dir, "verifier.log"),
+  return connect_lib.connect(spec, use=TRAINING, connect_timeout_s=section.connect_timeout_s,
+                             request_timeout_s=section.request_timeout_s,
+                             max_in_flight_per_stream=section.max_in_flight, auth_token_file=section.auth_token_file,
+                             local_cache_dir=section.local_cache_dir, local_log=os.path.join(run_dir, "verifier.log"),
                              streams_per_target=section.streams_per_target, tls=section.tls,
                              tls_root_certs_file=section.tls_root_certs_file,
                              tls_client_cert_file=section.tls_client_cert_file,
@@ -128,7 +120,7 @@ class Run:
     self.stream = self.book.stream(cfg.data.phase1_files, cfg.data.phase2_files, need_phase1=c.phase1_steps != 0,
                                    need_phase2=c.schedule == "metric" or c.phase1_steps < cfg.train.steps)
     rewarding.custom_components(cfg.rewards)  # import user reward functions now: a typo fails in seconds
-    self.verify_options = verify_options(cfg.verifier)
+    self.verify_options = cfg.verifier.options()
     pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="verifier-start")
     verifier = pool.submit(connect_verifier, cfg.verifier, self.run_dir)
     pool.shutdown(wait=False)

@@ -12,11 +12,11 @@ import sys
 import pytest
 
 from dice_jax.data.problems import load_problems
-from dice_jax.eval import connect as connect_lib
-from dice_jax.eval.local_verifier import free_port
 from dice_jax.generation import completion
 from dice_jax.generation.completion import CompletionModel, DecodeSettings
 from dice_jax.generation.generator import KernelGenerator
+from dice_jax.verifier import connect as connect_lib
+from dice_jax.verifier.local import free_port
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "eval"))
 from eval_testlib import LIGHT_RELU, run_cli, tiny_model_dir, verifier_target  # noqa: E402,F401 (fixtures)
 

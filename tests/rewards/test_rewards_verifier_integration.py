@@ -21,8 +21,8 @@ from dice_jax.data import problems as P
 from dice_jax.data import rl_data
 from dice_jax.rewards import candidates
 from dice_jax.rewards import defaults as D
-from dice_jax.rewards.client import ClientConfig
-from dice_jax.rewards.sync_client import VerifierClient
+from dice_jax.verifier.channels import ClientConfig
+from dice_jax.verifier.sync_client import VerifierClient
 from verifier_fakes import free_port
 
 STARTUP_S = 120

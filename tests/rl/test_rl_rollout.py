@@ -12,13 +12,13 @@ import pytest
 
 from dice.verifier.v1 import verifier_pb2 as pb
 from dice_jax.cli.train import load
-from dice_jax.rewards.channels import ClientConfig
-from dice_jax.rewards.sync_client import VerifierClient
 from dice_jax.rl.data import PromptBook
 from dice_jax.rl.rollout import RolloutEngine, eos_ids_for, sampler_config
 from dice_jax.rl.scoring import spec_for
 from dice_jax.train import model_setup
 from dice_jax.train.optim import cast_floating
+from dice_jax.verifier.channels import ClientConfig
+from dice_jax.verifier.sync_client import VerifierClient
 
 
 @pytest.fixture(scope="module")
