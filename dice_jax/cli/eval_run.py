@@ -50,12 +50,13 @@ def _template(path: str | None, default: prompts.PromptTemplate) -> prompts.Prom
   return prompts.PromptTemplate.from_yaml(path) if path else default
 
 
-def _model_source(args: argparse.Namespace) -> pipeline.ModelSource:
-  from dice_jax.generation.completion import DecodeSettings  # pylint: disable=import-outside-toplevel
-  decode = DecodeSettings(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-                          top_p=args.top_p, greedy=args.samples == 1, mode=args.decode_mode,
-                          threshold=args.threshold)
-  return pipeline.ModelSource(
+def _model_source(args: argparse.Namespace):
+  """`--model`'s sampling (dice_jax.eval.model_samples, imported only here: it loads JAX)."""
+  from dice_jax.eval import model_samples  # pylint: disable=import-outside-toplevel
+  decode = model_samples.DecodeSettings(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                                        top_p=args.top_p, greedy=args.samples == 1, mode=args.decode_mode,
+                                        threshold=args.threshold)
+  return model_samples.ModelSource(
       model_dir=args.model, samples=args.samples, decode=decode, seed=args.seed,
       batch_size=args.batch_size,
       infilling_template=_template(args.template_infilling, prompts.INFILLING),
@@ -103,8 +104,8 @@ def evaluate(args: argparse.Namespace) -> int:
     if source is not None:
       with _progress(progress_console) as progress:
         task = progress.add_task("generating", total=None)
-        made = pipeline.generate_missing(
-            gens_dir, problems, source, mode,
+        made = source.generate_missing(
+            gens_dir, problems, mode,
             on_batch=lambda done, total: progress.update(task, completed=done, total=total))
       progress_console.print(f"generated {made} sample(s) into {gens_dir}")
     gens = gen_lib.read_generations(gens_dir, problems, allow_missing=args.allow_missing)

@@ -17,7 +17,7 @@ from dice_jax.data import prompts
 from dice_jax.eval import records
 from dice_jax.eval import report
 from dice_jax.generation import arch as arch_lib
-from dice_jax.generation.completion import DecodeSettings
+from dice_jax.sampler.completion import DecodeSettings
 from dice_jax.generation.generator import DESCRIPTION, GenerationResult, KernelGenerator, read_reference
 from dice_jax.generation.ranking import Candidate
 from dice_jax.verifier import connect as connect_lib

@@ -31,7 +31,7 @@ from dice_jax.data import prompts
 from dice_jax.data.problems import check_reference
 from dice_jax.generation import arch as arch_lib
 from dice_jax.generation import prompting
-from dice_jax.generation.completion import CompletionModel, DecodeSettings
+from dice_jax.sampler.completion import CompletionModel, DecodeSettings
 from dice_jax.generation.ranking import INJECTED, SAMPLE, Candidate, best_compiled, best_verified, rank
 from dice_jax.rewards.candidates import format_verdict
 from dice_jax.verifier import connect as connect_lib

@@ -22,6 +22,7 @@ from dice_jax.data.problems import ProblemLoadError, check_source
 from dice_jax.distributed import DistributedConfig, MeshConfig
 from dice_jax.metrics_log import LoggingConfig
 from dice_jax.rewards.defaults import PRESET_WEIGHTS
+from dice_jax.rl.update import AlgoSection
 from dice_jax.train.model_setup import ModelSection
 from dice_jax.train.optim import OptimizerConfig
 from dice_jax.verifier.defaults import PRECISION_NAMES, TRAINING
@@ -110,34 +111,6 @@ class RolloutSection:
     require(self.temperature > 0, "temperature", f"must be > 0, got {self.temperature}")
     require(0 < self.top_p <= 1, "top_p", f"must be in (0, 1], got {self.top_p}")
     require(self.top_k >= 0, "top_k", f"must be >= 0, got {self.top_k}")
-
-
-@dataclasses.dataclass(frozen=True)
-class AlgoSection:
-  """The update's estimators and loss, each chosen by name from its registry (dice_jax.rl)."""
-  advantage: Literal["grpo", "drgrpo", "rloo"] = "grpo"
-  logprob: Literal["trace", "one_step", "coupled"] = "trace"
-  loss: Literal["clipped", "unclipped"] = "clipped"
-  clip_eps: float = 0.2
-  clip_eps_high: float | None = None  # null: clip_eps (symmetric)
-  kl_beta: float = 0.01  # 0 turns the KL term off
-  kl_reference: Literal["old", "reference"] = "old"  # k3 KL to the behaviour policy or the start model
-  # "Old" log-probs (the ratio's denominator): the sampler's recorded ones (trace only), or
-  # recomputed by the trainer's forward under the behaviour params (removes sampler/trainer
-  # numeric mismatch, e.g. bf16 cached decoding; costs one forward per rollout).
-  old_logprobs: Literal["sampler", "recompute"] = "sampler"
-  norm_length: int | None = None  # the loss's constant length normaliser; null: rollout.gen_length
-  prompt_mask_prob: float = 0.15  # one_step (d1): probability of masking each prompt token
-
-  def __post_init__(self):
-    require(0 < self.clip_eps < 1, "clip_eps", f"must be in (0, 1), got {self.clip_eps}")
-    require(self.clip_eps_high is None or self.clip_eps_high > 0, "clip_eps_high",
-            f"must be > 0, got {self.clip_eps_high}")
-    require(self.kl_beta >= 0, "kl_beta", f"must be >= 0, got {self.kl_beta}")
-    require(self.norm_length is None or self.norm_length > 0, "norm_length", f"must be > 0, got {self.norm_length}")
-    require(0 <= self.prompt_mask_prob < 1, "prompt_mask_prob", f"must be in [0, 1), got {self.prompt_mask_prob}")
-    require(self.logprob == "trace" or self.old_logprobs == "recompute", "old_logprobs",
-            f"the sampler records trace log-probs only; logprob={self.logprob!r} needs old_logprobs=recompute")
 
 
 @dataclasses.dataclass(frozen=True)

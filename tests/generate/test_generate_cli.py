@@ -12,8 +12,8 @@ import sys
 import pytest
 
 from dice_jax.data.problems import load_problems
-from dice_jax.generation import completion
-from dice_jax.generation.completion import CompletionModel, DecodeSettings
+from dice_jax.sampler import completion
+from dice_jax.sampler.completion import CompletionModel, DecodeSettings
 from dice_jax.generation.generator import KernelGenerator
 from dice_jax.verifier import connect as connect_lib
 from dice_jax.verifier.local import free_port

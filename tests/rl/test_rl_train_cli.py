@@ -2,8 +2,8 @@
 subprocess on loopback, compile-only here), a user reward composed in through the config, SIGKILL
 and resume continuing identically, `dice plot`, and clear errors for bad configs and data.
 
-Runs are subprocesses (`python -m dice_jax.rl`, i.e. `dice train`) on one CPU device, sharing a
-JAX compilation cache so that the resumed runs reuse the first run's compiled programs.
+Runs are subprocesses (`python -m dice_jax.cli.main train`, i.e. `dice train`) on one CPU device,
+sharing a JAX compilation cache so that the resumed runs reuse the first run's compiled programs.
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def _env(workdir: pathlib.Path) -> dict[str, str]:
 def _command(workdir: pathlib.Path, run_dir: pathlib.Path, *extra: str) -> list[str]:
   # -P: the working directory is not put on sys.path, as for the `dice` console script; the runs
   # start in HERE, so the user module rl_test_rewards.py is found as a user's would be (no PYTHONPATH).
-  return [sys.executable, "-P", "-m", "dice_jax.rl", f"run_dir={run_dir}", *TEST_OVERRIDES,
+  return [sys.executable, "-P", "-m", "dice_jax.cli.main", "train", f"run_dir={run_dir}", *TEST_OVERRIDES,
           f"data.infilling_template={workdir / 'infill.yaml'}", f"data.end_to_end_template={workdir / 'e2e.yaml'}",
           *extra]
 

@@ -20,7 +20,8 @@ import numpy as np
 
 from dice_jax.model import hf_io
 from dice_jax.model.tokenizer import load_tokenizer
-from dice_jax.sampler import SamplerConfig, sample
+from dice_jax.sampler.api import sample
+from dice_jax.sampler.config import SamplerConfig
 
 PAD_MULTIPLE = 512  # few distinct prompt widths, so few sampler compiles per evaluation
 Messages = list[dict[str, str]]
