@@ -13,6 +13,7 @@ import logging
 import pathlib
 import sys
 
+from dice_jax.cli import sampling
 from dice_jax.cli.exit_codes import Exit, epilog
 from dice_jax.verifier.defaults import EVALUATION, POLICY_NAMES, PRECISION_NAMES
 
@@ -79,16 +80,12 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
   gen.add_argument("--samples", type=int, default=1, metavar="K",
                    help="samples per problem: 1 = greedy (top_k 1), K > 1 = at --temperature; pass@k "
                         "is reported for k <= K (default %(default)s)")
-  gen.add_argument("--temperature", type=float, default=1.0, help="for --samples > 1 (default 1.0)")
-  gen.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling (default 1.0: off)")
-  gen.add_argument("--max-new-tokens", type=int, default=4096, help="default %(default)s (DICE's)")
-  gen.add_argument("--decode-mode", choices=("static", "dynamic"), default="dynamic",
-                   help="commit rule per denoising step (default %(default)s, as DICE)")
-  gen.add_argument("--threshold", type=float, default=0.9, help="dynamic mode confidence (0.9)")
   gen.add_argument("--batch-size", type=int, default=8, help="rows per sampler call (default 8)")
   gen.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
   gen.add_argument("--template-infilling", metavar="YAML", help="phase-1 prompt template (user/system)")
   gen.add_argument("--template-end-to-end", metavar="YAML", help="phase-2 prompt template")
+  sampling.add_flags(parser.add_argument_group(
+      "sampling (--model; the keys of dice train's rollout section; --samples 1 is greedy)"))
   ver = parser.add_argument_group("verification")
   ver.add_argument("--verifier", metavar="HOST:PORT|local", default="local",
                    help="verifier target(s), comma-separated, or 'local': a loopback server for this run "

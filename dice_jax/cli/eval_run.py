@@ -13,6 +13,7 @@ from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColum
                            TimeElapsedColumn, TimeRemainingColumn)
 
 from dice.verifier.v1 import verifier_pb2 as pb
+from dice_jax.cli import sampling
 from dice_jax.cli.exit_codes import Exit
 from dice_jax.data import prompts
 from dice_jax.data.problems import ProblemLoadError, load_problems
@@ -53,11 +54,9 @@ def _template(path: str | None, default: prompts.PromptTemplate) -> prompts.Prom
 def _model_source(args: argparse.Namespace):
   """`--model`'s sampling (dice_jax.eval.model_samples, imported only here: it loads JAX)."""
   from dice_jax.eval import model_samples  # pylint: disable=import-outside-toplevel
-  decode = model_samples.DecodeSettings(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-                                        top_p=args.top_p, greedy=args.samples == 1, mode=args.decode_mode,
-                                        threshold=args.threshold)
   return model_samples.ModelSource(
-      model_dir=args.model, samples=args.samples, decode=decode, seed=args.seed,
+      model_dir=args.model, samples=args.samples, decode=sampling.from_args(args, greedy=args.samples == 1),
+      seed=args.seed,
       batch_size=args.batch_size,
       infilling_template=_template(args.template_infilling, prompts.INFILLING),
       end_to_end_template=_template(args.template_end_to_end, prompts.END_TO_END))

@@ -14,6 +14,7 @@ import logging
 import pathlib
 import sys
 
+from dice_jax.cli import sampling
 from dice_jax.cli.exit_codes import Exit, epilog
 from dice_jax.verifier.defaults import EVALUATION, PRECISION_NAMES
 
@@ -59,16 +60,13 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                       help="an extra candidate file verified and ranked with the samples (repeatable)")
   parser.add_argument("--template", metavar="YAML", help="prompt template (user/system); see "
                       "dice_jax.data.prompts for the fields")
-  parser.add_argument("--max-new-tokens", type=int, default=4096,
-                      help="tokens generated per candidate (default %(default)s, DICE's)")
-  parser.add_argument("--temperature", type=float, default=1.0, help="0 = greedy")
-  parser.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling (1.0: off)")
   parser.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
   parser.add_argument("--trials", type=int, default=0, help="correctness trials (0: server default)")
   parser.add_argument("--atol", type=float, default=0.0, help="0: per-precision default")
   parser.add_argument("--rtol", type=float, default=0.0, help="0: as --atol")
   parser.add_argument("--connect-timeout", type=float, default=EVALUATION.connect_timeout_s,
                       help="seconds to wait for the verifier to answer its preflight (default %(default)g)")
+  sampling.add_flags(parser.add_argument_group("sampling (the keys of dice train's rollout section)"))
   return parser
 
 

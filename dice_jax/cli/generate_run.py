@@ -12,12 +12,12 @@ from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColum
                            TimeElapsedColumn)
 from rich.table import Table
 
+from dice_jax.cli import sampling
 from dice_jax.cli.exit_codes import Exit
 from dice_jax.data import prompts
 from dice_jax.eval import records
 from dice_jax.eval import report
 from dice_jax.generation import arch as arch_lib
-from dice_jax.sampler.completion import DecodeSettings
 from dice_jax.generation.generator import DESCRIPTION, GenerationResult, KernelGenerator, read_reference
 from dice_jax.generation.ranking import Candidate
 from dice_jax.verifier import connect as connect_lib
@@ -65,8 +65,7 @@ def generate(args: argparse.Namespace, injected: list[str]) -> int:
   try:
     reference = read_reference(args.reference) if args.reference is not None else None
     template = prompts.PromptTemplate.from_yaml(args.template) if args.template else None
-    decode = DecodeSettings(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-                            top_p=args.top_p)
+    decode = sampling.from_args(args)
     options = verify_options(precision=args.precision, trials=args.trials, atol=args.atol, rtol=args.rtol)
     if args.arch is not None:
       arch_lib.parse(args.arch)

@@ -22,7 +22,8 @@ from dice_jax.data import prompts
 from dice_jax.data.problems import Problem
 from dice_jax.eval import generations as gen_lib
 from dice_jax.eval import report
-from dice_jax.sampler.completion import CompletionModel, DecodeSettings
+from dice_jax.sampler.completion import CompletionModel
+from dice_jax.sampler.config import SamplerConfig
 
 SETTINGS_FILE = "settings.json"
 
@@ -33,7 +34,7 @@ class ModelSource:
 
   model_dir: str
   samples: int
-  decode: DecodeSettings
+  decode: SamplerConfig
   seed: int = 0
   batch_size: int = 8
   infilling_template: prompts.PromptTemplate = prompts.INFILLING
@@ -42,7 +43,7 @@ class ModelSource:
   def settings(self, mode: str) -> dict[str, Any]:
     return {"model": str(pathlib.Path(self.model_dir).resolve()), "mode": mode,
             "samples": self.samples, "seed": self.seed,
-            "decode": dataclasses.asdict(self.decode),
+            "decode": json.loads(json.dumps(dataclasses.asdict(self.decode))),  # as read back
             "templates": [dataclasses.asdict(self.infilling_template),
                           dataclasses.asdict(self.end_to_end_template)]}
 

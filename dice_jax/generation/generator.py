@@ -31,7 +31,8 @@ from dice_jax.data import prompts
 from dice_jax.data.problems import check_reference
 from dice_jax.generation import arch as arch_lib
 from dice_jax.generation import prompting
-from dice_jax.sampler.completion import CompletionModel, DecodeSettings
+from dice_jax.sampler.completion import CompletionModel
+from dice_jax.sampler.config import DICE_SAMPLING, SamplerConfig
 from dice_jax.generation.ranking import INJECTED, SAMPLE, Candidate, best_compiled, best_verified, rank
 from dice_jax.rewards.candidates import format_verdict
 from dice_jax.verifier import connect as connect_lib
@@ -139,14 +140,15 @@ class KernelGenerator:
 
   def __init__(self, model: str | os.PathLike[str] | CompletionModel, *,
                verifier: str | connect_lib.Connection = connect_lib.LOCAL, arch: str | None = None,
-               precision: str = "fp32", decode: DecodeSettings = DecodeSettings(),
+               precision: str = "fp32", decode: SamplerConfig = DICE_SAMPLING,
                template: prompts.PromptTemplate = prompts.END_TO_END,
                description_template: prompts.PromptTemplate = prompting.DESCRIPTION,
                options: pb.VerifyOptions | None = None,
                connect_timeout_s: float = EVALUATION.connect_timeout_s):
     """`verifier`: HOST:PORT (comma-separated for several), "local" (a loopback server started
-    here), or an open Connection. `arch`: None means the verifier's GPU. `options`: verifier
-    options (trials, tolerances); precision is set from `precision`."""
+    here), or an open Connection. `arch`: None means the verifier's GPU. `decode`: how to sample
+    (a dj.SamplerConfig; default DICE's rollout settings). `options`: verifier options (trials,
+    tolerances); precision is set from `precision`."""
     precision_value = precision_enum(precision)  # an unknown precision fails before anything starts
     if arch is not None:
       arch_lib.parse(arch)  # an unknown architecture fails before anything is started

@@ -23,6 +23,7 @@ from dice_jax.distributed import DistributedConfig, MeshConfig
 from dice_jax.metrics_log import LoggingConfig
 from dice_jax.rewards.defaults import PRESET_WEIGHTS
 from dice_jax.rl.update import AlgoSection
+from dice_jax.sampler.config import MODES, SamplerConfig
 from dice_jax.train.model_setup import ModelSection
 from dice_jax.train.optim import OptimizerConfig
 from dice_jax.verifier.defaults import PRECISION_NAMES, TRAINING
@@ -83,34 +84,30 @@ class DataSection:
 
 
 @dataclasses.dataclass(frozen=True)
-class RolloutSection:
-  """How responses are sampled (dice_jax.sampler.SamplerConfig) and how many per step."""
+class RolloutSection(SamplerConfig):
+  """How responses are sampled and how many per step.
+
+  A dice_jax.sampler.SamplerConfig (every key of it, the same knobs as `dice eval`/`dice generate`
+  flags; only two defaults differ) plus the rollout batch. `eos_ids: null` stops at the model's,
+  the tokenizer's and the chat end-of-turn ids.
+  """
+  gen_length: int = 32  # new tokens; DICE: 4096
+  mode: Literal[MODES] = "dynamic"  # DICE's: commit every token with confidence >= threshold
   prompts_per_step: int = 2  # DICE: 64
   group_size: int = 4  # responses per prompt (G); DICE: 16
   # Rows per sampler call (a multiple of the data x fsdp devices); null: all rows in one call.
   batch_size: int | None = None
-  gen_length: int = 32  # new tokens; DICE: 4096
-  steps_per_block: int | None = None  # null: block_size (DICE: 4)
-  mode: Literal["static", "dynamic"] = "dynamic"
-  threshold: float = 0.9
-  temperature: float = 1.0
-  top_k: int = 0
-  top_p: float = 1.0
-  block_size: int | None = None  # bidirectional models only (block models use their own)
-  kv_cache: bool = True
   seed: int = 0
 
   def __post_init__(self):
-    for key in ("prompts_per_step", "group_size", "gen_length"):
+    super().__post_init__()
+    for key in ("prompts_per_step", "group_size"):
       require(getattr(self, key) > 0, key, f"must be > 0, got {getattr(self, key)}")
     require(self.group_size >= 2, "group_size", f"group advantages need >= 2 responses per prompt, got "
             f"{self.group_size}")
     rows = self.prompts_per_step * self.group_size
     require(self.batch_size is None or (self.batch_size > 0 and rows % self.batch_size == 0), "batch_size",
             f"must divide prompts_per_step x group_size = {rows}, got {self.batch_size}")
-    require(self.temperature > 0, "temperature", f"must be > 0, got {self.temperature}")
-    require(0 < self.top_p <= 1, "top_p", f"must be in (0, 1], got {self.top_p}")
-    require(self.top_k >= 0, "top_k", f"must be >= 0, got {self.top_k}")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -27,16 +27,17 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from dice_jax.rl.scoring import ScoringSpec, score
+from dice_jax.rl.scoring import score
+from dice_jax.sampler.config import Resolved
 
 States = tuple[jax.Array, jax.Array, jax.Array]  # (prompt_BxP, states_BxCxG, state_BxG)
 
 
-def _trace(spec: ScoringSpec, batch: dict) -> States:
+def _trace(spec: Resolved, batch: dict) -> States:
   tokens, rank = batch["tokens"], batch["commit_rank"]
   committed = rank >= 0
   t = spec.steps_per_block
-  if spec.family == "block":
+  if spec.attention == "block_causal":
     step_C = jnp.arange(t)[None, :, None]
     visible = committed[:, None] & (rank[:, None] < step_C)
     return batch["prompt"], jnp.where(visible, tokens[:, None], spec.mask_id), rank
@@ -52,7 +53,7 @@ def _row_uniform(keys_Bx2: jax.Array, n: int, salt: int) -> jax.Array:
   return jax.vmap(lambda k: jax.random.uniform(jax.random.fold_in(k, salt), (n,)))(keys_Bx2)
 
 
-def _one_step(spec: ScoringSpec, batch: dict, prompt_mask_prob: float) -> States:
+def _one_step(spec: Resolved, batch: dict, prompt_mask_prob: float) -> States:
   prompt, lengths = batch["prompt"], batch["prompt_lengths"]
   u = _row_uniform(batch["score_keys"], prompt.shape[1], 0)
   in_prompt = jnp.arange(prompt.shape[1])[None, :] < lengths[:, None]
@@ -61,7 +62,7 @@ def _one_step(spec: ScoringSpec, batch: dict, prompt_mask_prob: float) -> States
   return prompt, states, jnp.zeros(batch["tokens"].shape, jnp.int32)
 
 
-def _coupled(spec: ScoringSpec, batch: dict) -> States:
+def _coupled(spec: Resolved, batch: dict) -> States:
   tokens, committed = batch["tokens"], batch["commit_rank"] >= 0
   rate_B = _row_uniform(batch["score_keys"], 1, 1)
   masked = _row_uniform(batch["score_keys"], tokens.shape[1], 2) < rate_B
@@ -78,7 +79,7 @@ ESTIMATORS: dict[str, Callable[..., States]] = {
 BATCH_KEYS = ("prompt", "prompt_lengths", "tokens", "commit_rank", "score_keys")
 
 
-def policy_logprobs(graphdef: nnx.GraphDef, params: nnx.State, spec: ScoringSpec, estimator: str, batch: dict,
+def policy_logprobs(graphdef: nnx.GraphDef, params: nnx.State, spec: Resolved, estimator: str, batch: dict,
                     prompt_mask_prob: float = 0.15) -> tuple[jax.Array, jax.Array]:
   """(log-prob, entropy) BxG of the batch's generated tokens under `estimator` (pure; jit it)."""
   if estimator not in ESTIMATORS:

@@ -35,8 +35,8 @@ from dice_jax.rewards.candidates import submit_completions
 from dice_jax.rl.config import RLConfig
 from dice_jax.rl.data import PromptBook
 from dice_jax.rl.logprobs import policy_logprobs
-from dice_jax.rl.scoring import ScoringSpec
-from dice_jax.sampler import SamplerConfig, generate
+from dice_jax.sampler.api import generate
+from dice_jax.sampler.config import Resolved, SamplerConfig
 from dice_jax.verifier.sync_client import VerifierClient
 
 
@@ -64,10 +64,12 @@ def item_columns(items: Sequence[dict[str, Any]], group_size: int) -> dict[str, 
 
 
 def sampler_config(cfg: RLConfig, eos_ids: Sequence[int]) -> SamplerConfig:
-  r = cfg.rollout
-  return SamplerConfig(gen_length=r.gen_length, block_size=r.block_size, steps_per_block=r.steps_per_block,
-                       mode=r.mode, threshold=r.threshold, temperature=r.temperature, top_k=r.top_k, top_p=r.top_p,
-                       eos_ids=tuple(eos_ids), kv_cache=r.kv_cache)
+  """The run's sampling settings: the `rollout` section (a SamplerConfig) without its rollout-batch
+  keys, which are not the sampler's; `rollout.eos_ids: null` means `eos_ids` (see `eos_ids_for`)."""
+  fields = {f.name: getattr(cfg.rollout, f.name) for f in dataclasses.fields(SamplerConfig)}
+  if fields["eos_ids"] is None:
+    fields["eos_ids"] = tuple(eos_ids)
+  return SamplerConfig(**fields)
 
 
 def eos_ids_for(model_eos: int | None, tokenizer: Tokenizer) -> tuple[int, ...]:
@@ -82,7 +84,7 @@ def _global_numpy(x: jax.Array) -> np.ndarray:
 class RolloutEngine:
   """Samples, scores and submits one step's rollout; compiled programs are reused every step."""
 
-  def __init__(self, cfg: RLConfig, graphdef: nnx.GraphDef, spec: ScoringSpec, sampling: SamplerConfig,
+  def __init__(self, cfg: RLConfig, graphdef: nnx.GraphDef, spec: Resolved, sampling: SamplerConfig,
                mesh: jax.sharding.Mesh, tokenizer: Tokenizer, book: PromptBook, client: VerifierClient,
                options: pb.VerifyOptions, ref_params: Any = None):
     self.cfg, self.graphdef, self.spec, self.sampling = cfg, graphdef, spec, sampling

@@ -25,7 +25,7 @@ from dice_jax.rl import rewarding
 from dice_jax.rl.config import RLConfig, VerifierSection
 from dice_jax.rl.data import PromptBook
 from dice_jax.rl.rollout import eos_ids_for, sampler_config
-from dice_jax.rl.scoring import spec_for
+from dice_jax.sampler.config import resolve
 from dice_jax.rl.update import batch_keys, make_update_step
 from dice_jax.train import model_setup
 from dice_jax.train.optim import cast_floating, make_optimizer
@@ -108,7 +108,7 @@ class Run:
     model_setup.check_compatible(model_config, self.tokenizer)
     self.sampling = sampler_config(cfg, eos_ids_for(model_config.eos_token_id, self.tokenizer))
     try:
-      self.spec = spec_for(model_config, self.sampling)
+      self.spec = resolve(self.sampling, model_config)
     except ValueError as e:
       raise ConfigError(f"rollout: {e}") from None
     context = cfg.data.max_prompt_length + cfg.rollout.gen_length + self.spec.block_size

@@ -37,7 +37,7 @@ from dice_jax.config import require
 from dice_jax.rl import advantages as advantages_lib
 from dice_jax.rl import loss as loss_lib
 from dice_jax.rl.logprobs import policy_logprobs
-from dice_jax.rl.scoring import ScoringSpec
+from dice_jax.sampler.config import Resolved
 from dice_jax.train.step import make_train_step, reduce_metric
 from dice_jax.train.train_state import TrainState
 
@@ -77,7 +77,7 @@ def batch_keys(algo: AlgoSection) -> tuple[str, ...]:
   return keys + (("ref_logp",) if algo.kl_beta > 0 and algo.kl_reference == "reference" else ())
 
 
-def make_loss_fn(graphdef: nnx.GraphDef, spec: ScoringSpec, algo: AlgoSection) -> Callable:
+def make_loss_fn(graphdef: nnx.GraphDef, spec: Resolved, algo: AlgoSection) -> Callable:
   """loss_fn(params in compute dtype, minibatch, rng, context) -> (loss, metrics) for make_train_step.
 
   No context: a frozen reference's log-probs arrive precomputed in the batch (`ref_logp`, scored at
@@ -106,7 +106,7 @@ def _strided_split(batch: dict[str, jax.Array], num: int) -> dict[str, jax.Array
   return jax.tree.map(split, batch)
 
 
-def make_update_step(graphdef: nnx.GraphDef, spec: ScoringSpec, algo: AlgoSection, tx: optax.GradientTransformation,
+def make_update_step(graphdef: nnx.GraphDef, spec: Resolved, algo: AlgoSection, tx: optax.GradientTransformation,
                      schedule: optax.Schedule, *, group_size: int, num_minibatches: int, grad_accum_steps: int,
                      compute_dtype: Any) -> Callable[[TrainState, dict], tuple[TrainState, dict]]:
   """`update_step(state, batch) -> (state, metrics)`; see the module docstring."""

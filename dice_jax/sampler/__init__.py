@@ -1,8 +1,35 @@
 """Diffusion decoding: block diffusion with an exact KV cache (SDAR), semi-autoregressive and
-infilling decoding for bidirectional models (LLaDA, Dream), with the trace TraceRL trains on."""
+infilling decoding for bidirectional models (LLaDA, Dream), with the trace TraceRL trains on.
 
-from dice_jax.sampler.api import generate, sample
-from dice_jax.sampler.config import SamplerConfig
-from dice_jax.sampler.rollout import Rollout, masked_state
+SamplerConfig (config.py) is the one sampling-settings type of the project: the library's argument,
+`dice train`'s `rollout` section and the source of `dice eval`/`dice generate`'s sampling flags.
 
-__all__ = ["Rollout", "SamplerConfig", "generate", "masked_state", "sample"]
+Decision: the names below are imported on first use (as in dice_jax/__init__.py), so reading
+SamplerConfig (the command-line parsers do) does not import JAX.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+_EXPORTS = {
+    "generate": "dice_jax.sampler.api",
+    "sample": "dice_jax.sampler.api",
+    "SamplerConfig": "dice_jax.sampler.config",
+    "Rollout": "dice_jax.sampler.rollout",
+    "masked_state": "dice_jax.sampler.rollout",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+  if name not in _EXPORTS:
+    raise AttributeError(f"module 'dice_jax.sampler' has no attribute {name!r}")
+  value = getattr(importlib.import_module(_EXPORTS[name]), name)
+  globals()[name] = value
+  return value
+
+
+def __dir__() -> list[str]:
+  return __all__

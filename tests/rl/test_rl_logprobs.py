@@ -18,6 +18,7 @@ from dice_jax.model.config import ModelConfig
 from dice_jax.rl import logprobs, scoring
 from dice_jax.sampler import SamplerConfig, sample
 from dice_jax.sampler.api import pad_batch
+from dice_jax.sampler.config import resolve
 
 DIMS = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
             head_dim=8, max_position_embeddings=96, mask_token_id=63, eos_token_id=1, pad_token_id=0)
@@ -44,7 +45,7 @@ def _rollout(arch: str):
   rollout = sample(model, prompts, jax.random.key(3), sampler, prompt_lengths=lengths)
   batch = dict(prompt=jnp.asarray(prompts), prompt_lengths=jnp.asarray(lengths), tokens=rollout.tokens,
                commit_rank=rollout.commit_rank, score_keys=jax.random.split(jax.random.PRNGKey(0), len(PROMPTS)))
-  return model, scoring.spec_for(config, sampler), rollout, batch
+  return model, resolve(sampler, config), rollout, batch
 
 
 @functools.partial(jax.jit, static_argnums=(0, 2, 3))
@@ -124,7 +125,7 @@ def _state_by_state(model, spec, prompt_BxP, states_BxCxG, index_BxG, batch) -> 
   tokens, lengths = np.asarray(batch["tokens"]), np.asarray(batch["prompt_lengths"])
   rows, gen = tokens.shape
   out = np.zeros((rows, gen), np.float32)
-  block = spec.family == "block"
+  block = spec.attention == "block_causal"
   for r in range(rows):
     p = lengths[r]
     positions = p + np.arange(gen)

@@ -14,7 +14,7 @@ from dice.verifier.v1 import verifier_pb2 as pb
 from dice_jax.cli.train import load
 from dice_jax.rl.data import PromptBook
 from dice_jax.rl.rollout import RolloutEngine, eos_ids_for, sampler_config
-from dice_jax.rl.scoring import spec_for
+from dice_jax.sampler.config import resolve
 from dice_jax.train import model_setup
 from dice_jax.train.optim import cast_floating
 from dice_jax.verifier.channels import ClientConfig
@@ -37,7 +37,7 @@ def engine_parts(tmp_path_factory):
   stream = book.stream((), cfg.data.phase2_files, need_phase1=False, need_phase2=True)
   client = VerifierClient(ClientConfig(targets=("127.0.0.1:9",), connect_timeout_s=0.5, max_attempts=1))
   graphdef = model_setup.abstract_params(config, mesh)[0]
-  spec = spec_for(config, sampling)
+  spec = resolve(sampling, config)
   # The frozen reference: another model (other seed), so its log-probs cannot pass for the policy's.
   ref_params = cast_floating(model_setup.load_params(
       dataclasses.replace(cfg.model, seed=cfg.model.seed + 1), config, mesh), np.float32)

@@ -11,8 +11,8 @@ from dice_jax.model import transformer
 from dice_jax.model.config import ModelConfig
 from dice_jax.rl import logprobs
 from dice_jax.rl.config import AlgoSection
-from dice_jax.rl.scoring import ScoringSpec
 from dice_jax.rl.update import batch_keys, make_update_step
+from dice_jax.sampler.config import SamplerConfig, resolve
 from dice_jax.train.optim import OptimizerConfig, make_optimizer
 from dice_jax.train.step import compile_train_step
 from dice_jax.train.train_state import abstract_state, create_train_state, state_shardings
@@ -20,8 +20,7 @@ from dice_jax.train.train_state import abstract_state, create_train_state, state
 CONFIG = ModelConfig(architecture="sdar", attention="block_causal", block_size=4, vocab_size=64, hidden_size=32,
                      intermediate_size=64, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8,
                      max_position_embeddings=64, mask_token_id=63, eos_token_id=1, pad_token_id=0)
-SPEC = ScoringSpec(family="block", block_size=4, steps_per_block=4, gen_length=8, mask_id=63, pad_id=0,
-                   temperature=1.0)
+SPEC = resolve(SamplerConfig(gen_length=8), CONFIG)  # block 4, 4 steps per block, mask 63, pad 0, T 1
 GROUP, ROWS, WIDTH = 4, 16, 7
 
 
