@@ -182,8 +182,8 @@ class _Loop:
       samples.write_step(logger.run_dir, current.step + 1, rows, labels=scored.labels, verdicts=verdicts,
                          completions=current.completions, columns=columns, total=scored.result.total,
                          valid=scored.result.valid, components=scored.result.components)
-    batch = {**current.batch, "rewards": self.engine.reward_array(scored.result.total, "float32"),
-             "reward_valid": self.engine.reward_array(scored.result.valid, "bool")}
+    batch = current.batch.replace(rewards=self.engine.reward_array(scored.result.total, "float32"),
+                                  reward_valid=self.engine.reward_array(scored.result.valid, "bool"))
     batch = jax.device_put(batch, self.batch_sharding)
     self.state, device_metrics = self.run.compiled(self.state, batch)
     metrics = {k: float(v) for k, v in jax.device_get(device_metrics).items()}

@@ -32,6 +32,7 @@ from dice.verifier.v1 import verifier_pb2 as pb
 from dice_jax import distributed, sharding
 from dice_jax.model.tokenizer import Tokenizer
 from dice_jax.rewards.candidates import submit_completions
+from dice_jax.rl.batch import RLBatch
 from dice_jax.rl.config import RLConfig
 from dice_jax.rl.data import PromptBook
 from dice_jax.rl.logprobs import policy_logprobs
@@ -45,7 +46,7 @@ class InFlight:
   """A sampled rollout whose verdicts may still be coming."""
   step: int
   items: list[dict[str, Any]]  # this process's prompts, one per group
-  batch: dict[str, jax.Array]  # global device arrays: everything the update needs but rewards
+  batch: RLBatch  # global device arrays: everything the update needs but rewards
   prompts: list[str]  # this process's rows: prompt text and completion
   completions: list[str]
   verdicts: concurrent.futures.Future  # list[pb.Verdict] of this process's rows
@@ -117,7 +118,8 @@ class RolloutEngine:
     t0 = time.perf_counter()
     ids, lengths = self.prompt_arrays(items)
     key = jax.random.fold_in(jax.random.key(self.cfg.rollout.seed), step)
-    chunks = []
+    chunks, finished, mismatch = [], [], []
+    algo = self.cfg.algo
     with jax.set_mesh(self.mesh):
       for c in range(self.rows // self.chunk):
         local = slice(c * self.local_chunk, (c + 1) * self.local_chunk)
@@ -125,31 +127,29 @@ class RolloutEngine:
         rollout = generate(self.graphdef, params, prompt, plen, jax.random.fold_in(key, c), self.sampling)
         keys = np.asarray(jax.random.key_data(jax.random.split(jax.random.fold_in(key, 1 << 20 | c), self.chunk)))
         mine = slice(jax.process_index() * self.local_chunk, (jax.process_index() + 1) * self.local_chunk)
-        part = {"prompt": prompt, "prompt_lengths": plen, "tokens": rollout.tokens, "valid": rollout.valid,
-                "commit_rank": rollout.commit_rank, "old_logp": rollout.logprobs,
-                "score_keys": self._put(keys[mine]), "lengths": rollout.lengths,
-                "finished": rollout.finished}
-        if self.cfg.algo.old_logprobs == "recompute":
-          part["old_logp"] = self._score(params, self.spec, self.cfg.algo.logprob, part,
-                                         self.cfg.algo.prompt_mask_prob)[0]
-          part["mismatch"] = jnp.sum(jnp.abs(part["old_logp"] - rollout.logprobs) * rollout.valid)
+        part = RLBatch(prompt=prompt, prompt_lengths=plen, tokens=rollout.tokens, valid=rollout.valid,
+                       commit_rank=rollout.commit_rank, old_logp=rollout.logprobs, score_keys=self._put(keys[mine]))
+        if algo.old_logprobs == "recompute":
+          part = part.replace(old_logp=self._score(params, self.spec, algo.logprob, part, algo.prompt_mask_prob)[0])
+          mismatch.append(jnp.sum(jnp.abs(part.old_logp - rollout.logprobs) * rollout.valid))
         if self.ref_params is not None:
-          part["ref_logp"] = self._score(self.ref_params, self.spec, self.cfg.algo.logprob, part,
-                                         self.cfg.algo.prompt_mask_prob)[0]
+          part = part.replace(ref_logp=self._score(self.ref_params, self.spec, algo.logprob, part,
+                                                   algo.prompt_mask_prob)[0])
         chunks.append(part)
-    batch = {k: jnp.concatenate([jnp.atleast_1d(c[k]) for c in chunks]) for k in chunks[0]}
-    return self.submit(step, items, batch, sample_s=time.perf_counter() - t0)
+        finished.append(rollout.finished)
+    batch = jax.tree.map(lambda *parts: jnp.concatenate(parts), *chunks)
+    logprob_mismatch = None
+    if mismatch:
+      logprob_mismatch = float(sum(jnp.sum(m) for m in mismatch)) / max(float(jnp.sum(batch.valid)), 1.0)
+    return self.submit(step, items, batch, jnp.concatenate(finished), sample_s=time.perf_counter() - t0,
+                       logprob_mismatch=logprob_mismatch)
 
-  def submit(self, step: int, items: list[dict[str, Any]], batch: dict[str, jax.Array],
-             sample_s: float = 0.0) -> InFlight:
-    """Decodes this process's completions from `batch` (a rollout's device arrays, as `start`
-    builds them: `tokens`, `lengths`, `finished`, ...) and submits them to the verifier."""
-    batch = dict(batch)
-    row_lengths, finished = batch.pop("lengths"), batch.pop("finished")
-    mismatch = None
-    if "mismatch" in batch:
-      mismatch = float(jnp.sum(batch.pop("mismatch"))) / max(float(jnp.sum(batch["valid"])), 1.0)
-    tokens_np, lengths_np = _global_numpy(batch["tokens"]), _global_numpy(row_lengths)
+  def submit(self, step: int, items: list[dict[str, Any]], batch: RLBatch, finished: jax.Array, *,
+             sample_s: float = 0.0, logprob_mismatch: float | None = None) -> InFlight:
+    """Decodes this process's completions from a rollout's device arrays (`batch`, and which rows
+    ended with EOS) and submits them to the verifier."""
+    tokens_np = _global_numpy(batch.tokens)
+    lengths_np = _global_numpy(jnp.sum(batch.valid, axis=1, dtype=jnp.int32))  # = Rollout.lengths
     chunks = self.rows // self.chunk
     local_rows = np.concatenate([np.arange(self.rows)[self._local_rows(c)] for c in range(chunks)])
     completions = [self.tokenizer.decode(tokens_np[r, :lengths_np[r]], skip_special_tokens=True) for r in local_rows]
@@ -158,7 +158,7 @@ class RolloutEngine:
     future = submit_completions(self.client, completions, options=self.options, **item_columns(items, g))
     return InFlight(step=step, items=list(items), batch=batch, prompts=prompts, completions=completions,
                     verdicts=future, lengths=lengths_np, finished=_global_numpy(finished), sample_s=sample_s,
-                    logprob_mismatch=mismatch)
+                    logprob_mismatch=logprob_mismatch)
 
   def reward_array(self, local_values: np.ndarray, dtype) -> jax.Array:
     """A global [rows] array in the batch's row order from this process's per-row values."""

@@ -22,11 +22,12 @@ from dice_jax import sharding
 from dice_jax.checkpoints import Checkpointer, CheckpointError
 from dice_jax.config import ConfigError
 from dice_jax.rl import rewarding
+from dice_jax.rl.batch import RLBatch
 from dice_jax.rl.config import RLConfig, VerifierSection
 from dice_jax.rl.data import PromptBook
 from dice_jax.rl.rollout import eos_ids_for, sampler_config
+from dice_jax.rl.update import make_update_step
 from dice_jax.sampler.config import resolve
-from dice_jax.rl.update import batch_keys, make_update_step
 from dice_jax.train import model_setup
 from dice_jax.train.optim import cast_floating, make_optimizer
 from dice_jax.train.step import compile_train_step
@@ -139,7 +140,7 @@ class Run:
     target = abstract_state(tx, abstract_params, shardings)
     self.checkpointer = Checkpointer.from_config(cfg.checkpoint, self.run_dir)
     compute = jnp.dtype(cfg.model.dtype)
-    needs_ref = cfg.algo.kl_beta > 0 and cfg.algo.kl_reference == "reference"
+    needs_ref = cfg.algo.uses_reference
     self.meta, self.ref_params = {}, None
     if cfg.checkpoint.resume and self.checkpointer.latest_step() is not None:
       try:
@@ -164,19 +165,10 @@ class Run:
                                    group_size=cfg.rollout.group_size, num_minibatches=cfg.train.num_minibatches,
                                    grad_accum_steps=cfg.train.grad_accum_steps, compute_dtype=compute)
     batch_sharding = sharding.batch_sharding(self.mesh, 1)
-    self.compiled = compile_train_step(update_step, target, self._abstract_batch(batch_sharding), shardings,
-                                       batch_sharding, self.mesh)
-
-  def _abstract_batch(self, batch_sharding) -> dict[str, jax.ShapeDtypeStruct]:
-    cfg = self.cfg
-    rows, gen, width = cfg.rollout.prompts_per_step * cfg.rollout.group_size, cfg.rollout.gen_length, \
-        cfg.data.max_prompt_length
-    shapes = {"prompt": ((rows, width), jnp.int32), "prompt_lengths": ((rows,), jnp.int32),
-              "tokens": ((rows, gen), jnp.int32), "valid": ((rows, gen), jnp.bool_),
-              "commit_rank": ((rows, gen), jnp.int32), "old_logp": ((rows, gen), jnp.float32),
-              "ref_logp": ((rows, gen), jnp.float32), "rewards": ((rows,), jnp.float32),
-              "reward_valid": ((rows,), jnp.bool_), "score_keys": ((rows, 2), jnp.uint32)}
-    return {k: jax.ShapeDtypeStruct(*shapes[k], sharding=batch_sharding) for k in batch_keys(cfg.algo)}
+    r = cfg.rollout
+    abstract_batch = RLBatch.abstract(r.prompts_per_step * r.group_size, cfg.data.max_prompt_length, r.gen_length,
+                                      batch_sharding, with_ref=cfg.algo.uses_reference)
+    self.compiled = compile_train_step(update_step, target, abstract_batch, shardings, batch_sharding, self.mesh)
 
 
 def _result_or_none(future: concurrent.futures.Future):
