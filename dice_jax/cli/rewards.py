@@ -123,6 +123,7 @@ def check(cfg, problems: dict[str, Any], records: list[dict[str, Any]], workdir:
   """(the rows of `records`, what the verifier said about itself); see the module docstring.
   Raises one of dice_jax.verifier.connect.UNAVAILABLE when no verifier can be reached."""
   from dice_jax.data.rl_data import make_item
+  from dice_jax.rewards import defaults
   from dice_jax.rewards.candidates import submit_completions
   from dice_jax.rl import rewarding, setup
   from dice_jax.rl.data import PromptBook
@@ -138,10 +139,10 @@ def check(cfg, problems: dict[str, Any], records: list[dict[str, Any]], workdir:
   columns = item_columns(items, 1)
   groups: dict[tuple[str, int], int] = {}
   group_ids = [groups.setdefault((r["problem_id"], r["phase"]), len(groups)) for r in records]
-  rewarding.custom_components(cfg.rewards)  # a bad custom reward fails before the verifier starts
+  cfg.rewards.custom_components()  # a bad custom reward fails before the verifier starts
   connection = setup.connect_verifier(cfg.verifier, workdir)
   try:
-    shaper = rewarding.build_shaper(cfg.rewards, connection.has_gpu)
+    shaper = defaults.make_shaper(cfg.rewards, has_gpu=connection.has_gpu)
     verdicts = submit_completions(connection.client, completions, options=cfg.verifier.options(),
                                   **columns).result()
     scored = rewarding.score(shaper, prompts, completions, verdicts, columns, group_ids)

@@ -21,7 +21,7 @@ from dice_jax.config import require
 from dice_jax.data.problems import ProblemLoadError, check_source
 from dice_jax.distributed import DistributedConfig, MeshConfig
 from dice_jax.metrics_log import LoggingConfig
-from dice_jax.rewards.defaults import PRESET_WEIGHTS
+from dice_jax.rewards.defaults import RewardConfig
 from dice_jax.rl.update import AlgoSection
 from dice_jax.sampler.config import MODES, SamplerConfig
 from dice_jax.train.model_setup import ModelSection
@@ -146,55 +146,6 @@ class CurriculumSection:
 
 
 @dataclasses.dataclass(frozen=True)
-class CustomReward:
-  """A user reward function `fn(prompts, completions, verdicts, **item_columns) -> list[float]`.
-
-  The module is imported as Python would from the working directory (`dice train` run beside
-  `myrewards.py` finds it without PYTHONPATH; dice_jax.rl.rewarding).
-  """
-  fn: str  # "package.module:function"
-  weight: float = 1.0
-  normalize: Literal["none", "batch", "group"] = "none"
-
-  def __post_init__(self):
-    require(":" in self.fn, "fn", f"must be 'module:function', got {self.fn!r}")
-
-  @classmethod
-  def from_short(cls, item: str) -> tuple[str, dict[str, str]]:
-    """The list form `rewards.custom=[mymod:short]`: named after the function, weight 1.0, no
-    normalisation (`rewards.weights.short=0.1` and `rewards.normalize.short=group` change those)."""
-    return item.rpartition(":")[2].strip() or item, {"fn": item}
-
-
-@dataclasses.dataclass(frozen=True)
-class RewardsSection:
-  """dice_jax.rewards presets and overrides. `auto`: compile_only when no verifier target has a
-  GPU, else `default`.
-
-  `custom` adds user reward functions, in either form:
-    rewards.custom=[myrewards:short,myrewards:tidy]        # names `short`, `tidy`; weight 1.0 each
-    rewards.custom={short: {fn: "myrewards:short", weight: 0.1, normalize: group}}
-  `weights` and `normalize` apply to shipped and custom components alike (rewards.weights.short=0.1).
-  """
-  preset: Literal["auto", "default", "dice_binary", "compile_only"] = "auto"
-  weights: dict[str, float] = dataclasses.field(default_factory=dict)
-  normalize: dict[str, str] = dataclasses.field(default_factory=dict)
-  hack_mode: Literal["zero", "penalty", "ignore"] = "zero"
-  hack_penalty: float = 1.0
-  speedup_min_log2: float = -1.0
-  speedup_max_log2: float = 2.0
-  custom: dict[str, CustomReward] = dataclasses.field(default_factory=dict)
-
-  def __post_init__(self):
-    known = {name for weights in PRESET_WEIGHTS.values() for name in weights}
-    for key in ("weights", "normalize"):
-      unknown = sorted(set(getattr(self, key)) - known - set(self.custom))
-      require(not unknown, key, f"unknown reward components {unknown}; known: {sorted(known | set(self.custom))}")
-    clash = sorted(set(self.custom) & known)
-    require(not clash, "custom", f"names {clash} are taken by the shipped components")
-
-
-@dataclasses.dataclass(frozen=True)
 class VerifierSection:
   # `local` (a `dice-verifier serve` subprocess on loopback for this run) or HOST:PORT targets.
   targets: tuple[str, ...] = ("local",)
@@ -264,7 +215,7 @@ class RLConfig:
   algo: AlgoSection = dataclasses.field(default_factory=AlgoSection)
   train: TrainSection = dataclasses.field(default_factory=TrainSection)
   curriculum: CurriculumSection = dataclasses.field(default_factory=CurriculumSection)
-  rewards: RewardsSection = dataclasses.field(default_factory=RewardsSection)
+  rewards: RewardConfig = dataclasses.field(default_factory=lambda: RewardConfig(preset="auto"))
   verifier: VerifierSection = dataclasses.field(default_factory=VerifierSection)
   pipeline: PipelineSection = dataclasses.field(default_factory=PipelineSection)
   optimizer: OptimizerConfig = dataclasses.field(

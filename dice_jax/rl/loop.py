@@ -41,6 +41,7 @@ from dice_jax.checkpoints import Checkpointer
 from dice_jax.config import to_dict
 from dice_jax.metrics_log import MetricsLogger, truncate_jsonl
 from dice_jax.model import hf_io
+from dice_jax.rewards import defaults
 from dice_jax.rewards.shaping import RewardComponent
 from dice_jax.rl import rewarding, samples, setup, summary
 from dice_jax.rl.config import RLConfig
@@ -87,7 +88,7 @@ def run_rl(cfg: RLConfig, *, should_stop: Callable[[], bool] = lambda: False,
     with open(os.path.join(run_dir, "config.yaml"), "w", encoding="utf-8") as f:
       f.write(config_text)
   with setup.Run(cfg, run_dir) as run:
-    shaper = rewarding.build_shaper(cfg.rewards, run.connection.has_gpu, reward_components)
+    shaper = defaults.make_shaper(cfg.rewards, reward_components, has_gpu=run.connection.has_gpu)
     log.info("verifier: %s; reward components: %s", run.connection.describe(),
              ", ".join(f"{c.name}x{c.weight:g}" for c in shaper.components))
     if not run.connection.has_gpu and pb.NO_GPU in shaper.exclude:

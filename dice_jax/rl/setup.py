@@ -21,7 +21,6 @@ import jax.numpy as jnp
 from dice_jax import sharding
 from dice_jax.checkpoints import Checkpointer, CheckpointError
 from dice_jax.config import ConfigError
-from dice_jax.rl import rewarding
 from dice_jax.rl.batch import RLBatch
 from dice_jax.rl.config import RLConfig, VerifierSection
 from dice_jax.rl.data import PromptBook
@@ -120,7 +119,7 @@ class Run:
     c = cfg.curriculum
     self.stream = self.book.stream(cfg.data.phase1_files, cfg.data.phase2_files, need_phase1=c.phase1_steps != 0,
                                    need_phase2=c.schedule == "metric" or c.phase1_steps < cfg.train.steps)
-    rewarding.custom_components(cfg.rewards)  # import user reward functions now: a typo fails in seconds
+    cfg.rewards.custom_components()  # import user reward functions now: a typo fails in seconds
     self.verify_options = cfg.verifier.options()
     pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="verifier-start")
     verifier = pool.submit(connect_verifier, cfg.verifier, self.run_dir)

@@ -27,9 +27,9 @@ from dice.verifier.v1 import verifier_pb2 as pb
 from dice_jax.cli.train import load
 from dice_jax.data import problems as problems_lib
 from dice_jax.metrics_log import MetricsLogger
-from dice_jax.rewards import outcomes
+from dice_jax.rewards import defaults, outcomes
 from dice_jax.rl import loop as loop_lib
-from dice_jax.rl import rewarding, setup
+from dice_jax.rl import setup
 from dice_jax.rl.batch import RLBatch
 from dice_jax.rl.rollout import RolloutEngine
 from dice_jax.train.optim import cast_floating
@@ -86,7 +86,7 @@ def test_known_good_completions_earn_compile_reward_through_the_rl_step(tmp_path
                     "algo.old_logprobs=recompute", "checkpoint.every_steps=1", "logging.samples_per_phase=8",
                     "mesh.fsdp=4", "mesh.tensor=2"])  # 4 rows over the 8 test devices
   with setup.Run(cfg, cfg.run_dir) as run:
-    shaper = rewarding.build_shaper(cfg.rewards, run.connection.has_gpu)
+    shaper = defaults.make_shaper(cfg.rewards, has_gpu=run.connection.has_gpu)
     engine = RolloutEngine(cfg, run.graphdef, run.spec, run.sampling, run.mesh, run.tokenizer, run.book,
                            run.connection.client, run.verify_options)
     items = run.stream.next_batch(1, 0)

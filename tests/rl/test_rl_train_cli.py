@@ -204,7 +204,6 @@ def test_tiny_yaml_is_the_built_in_default_and_recipes_load(tmp_path):
 
 def test_custom_reward_forms_and_import_from_the_working_directory(tmp_path, monkeypatch):
   from dice_jax.config import ConfigError
-  from dice_jax.rl import rewarding
 
   (tmp_path / "first_hour_rewards.py").write_text(
       "def short(prompts, completions, verdicts, **columns):\n"
@@ -219,7 +218,7 @@ def test_custom_reward_forms_and_import_from_the_working_directory(tmp_path, mon
   # Weights and normalisation of a short-form component, two ways; a later override keeps the list's entries.
   for extra in ("rewards.weights.short=0.1", "rewards.custom.short.weight=0.1"):
     cfg = train_cli.load(None, ["rewards.custom=[first_hour_rewards:short]", extra, "rewards.normalize.short=group"])
-    [component] = rewarding.custom_components(cfg.rewards)
+    [component] = cfg.rewards.custom_components()
     assert (component.name, component.weight, component.normalize) == ("short", 0.1, "group"), extra
     assert component.fn([], ["ab", "c"], []) == [-2.0, -1.0]
   with pytest.raises(ConfigError, match=r"rewards.custom\[1\]: .* gives the name 'short' twice"):
@@ -227,4 +226,4 @@ def test_custom_reward_forms_and_import_from_the_working_directory(tmp_path, mon
   with pytest.raises(ConfigError, match=r"rewards.custom.nocolon.fn: must be 'module:function'"):
     train_cli.load(None, ["rewards.custom=[nocolon]"])
   with pytest.raises(ConfigError, match="cannot import 'absent_module_xyz:fn' .*No module named"):
-    rewarding.custom_components(train_cli.load(None, ["rewards.custom=[absent_module_xyz:fn]"]).rewards)
+    train_cli.load(None, ["rewards.custom=[absent_module_xyz:fn]"]).rewards.custom_components()
