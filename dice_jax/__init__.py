@@ -1,7 +1,7 @@
 """dice-jax: diffusion language models that learn to write CUDA kernels (trainer side).
 
-The public surface (DESIGN.md section 8), imported lazily so `import dice_jax` and `dice --help`
-stay fast and do not initialise JAX:
+The public surface (ARCHITECTURE.md, "Public surface"), imported lazily so `import dice_jax` and
+`dice --help` stay fast and do not initialise JAX:
 
     import dice_jax as dj
     model = dj.load_pretrained("ckpt_dir")                 # HF layout: config.json + *.safetensors
