@@ -344,7 +344,7 @@ def load_config(schema: type[T], path: str | None = None, overrides: Sequence[st
     raise ConfigError(f"{path}: {e}" if path else str(e)) from None
 
 
-def dump_yaml(cfg: Any, path: str) -> None:
-  """Writes the resolved config (what actually ran) beside a run's outputs."""
-  with open(path, "w", encoding="utf-8") as f:
-    yaml.safe_dump(to_dict(cfg), f, sort_keys=False)
+def to_yaml(cfg: Any) -> str:
+  """The resolved config as YAML, fields in their declared order (--print-config, a run's
+  config.yaml); `load_config` reads it back to the same config."""
+  return yaml.safe_dump(to_dict(cfg), sort_keys=False)

@@ -122,12 +122,11 @@ def check(cfg, problems: dict[str, Any], records: list[dict[str, Any]], workdir:
           ) -> tuple[list[dict[str, Any]], str]:
   """(the rows of `records`, what the verifier said about itself); see the module docstring.
   Raises one of dice_jax.verifier.connect.UNAVAILABLE when no verifier can be reached."""
-  from dice_jax.data.rl_data import make_item
+  from dice_jax.data.rl_data import REWARD_COLUMNS, collate, make_item
   from dice_jax.rewards import defaults
   from dice_jax.rewards.candidates import submit_completions
   from dice_jax.rl import rewarding, setup
   from dice_jax.rl.data import PromptBook
-  from dice_jax.rl.rollout import item_columns
   from dice_jax.train import model_setup
 
   tokenizer, _ = model_setup.tokenizer_for(cfg.model, workdir)
@@ -136,7 +135,7 @@ def check(cfg, problems: dict[str, Any], records: list[dict[str, Any]], workdir:
            for r in records]
   prompts = [book.render(problems[r["problem_id"]], r["phase"]) for r in records]
   completions = [r["completion"] for r in records]
-  columns = item_columns(items, 1)
+  columns = collate(items, 1, REWARD_COLUMNS)
   groups: dict[tuple[str, int], int] = {}
   group_ids = [groups.setdefault((r["problem_id"], r["phase"]), len(groups)) for r in records]
   cfg.rewards.custom_components()  # a bad custom reward fails before the verifier starts

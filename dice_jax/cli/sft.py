@@ -56,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
   logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                       stream=sys.stderr)
   logging.getLogger("absl").setLevel(max(logging.WARNING, logging.getLevelName(args.log_level)))
-  from dice_jax.config import ConfigError, load_config, to_dict  # deferred: `dice --help` stays fast
+  from dice_jax.config import ConfigError, load_config, to_yaml  # deferred: `dice --help` stays fast
 
   try:
     from dice_jax.train.sft_loop import SFTConfig
@@ -66,9 +66,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"dice sft: config error: {e}", file=sys.stderr)
     return Exit.USAGE
   if args.print_config:
-    import yaml
-
-    print(yaml.safe_dump(to_dict(cfg), sort_keys=False), end="")
+    print(to_yaml(cfg), end="")
     return Exit.OK
   return _train(cfg)
 

@@ -74,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
                       stream=sys.stderr)
   for noisy in ("absl", "jax"):  # orbax's and JAX's start-up chatter (e.g. "no TPU backend")
     logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLevelName(args.log_level)))
-  from dice_jax.config import ConfigError, to_dict  # deferred: `dice --help` stays fast
+  from dice_jax.config import ConfigError, to_yaml  # deferred: `dice --help` stays fast
 
   try:
     cfg = load(args.config, args.overrides)
@@ -83,9 +83,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"dice train: config error: {where}{e}", file=sys.stderr)
     return Exit.USAGE
   if args.print_config:
-    import yaml
-
-    print(yaml.safe_dump(to_dict(cfg), sort_keys=False), end="")
+    print(to_yaml(cfg), end="")
     return Exit.OK
   return _train(cfg)
 

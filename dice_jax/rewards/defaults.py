@@ -36,8 +36,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping, Sequence
-from typing import Any, Literal
+from collections.abc import Sequence
+from typing import Literal
 
 from dice.verifier.v1 import verifier_pb2 as pb
 from dice_jax.config import require
@@ -182,8 +182,3 @@ def preset(name: Preset) -> RewardShaper:
   """A preset with its default settings: `preset("dice_binary")`."""
   return make_shaper(RewardConfig(preset=name))
 
-
-def preset_for_servers(infos: Mapping[str, Any]) -> Preset:
-  """The `auto` preset for the verifiers whose GetInfo answers (or errors) are `infos`."""
-  return resolve_preset(AUTO, any(isinstance(info, pb.ServerInfo) and len(info.gpus) > 0
-                                  for info in infos.values()))

@@ -12,12 +12,11 @@ curriculum, rewards, verifier, pipeline, optimizer, mesh, distributed, checkpoin
 from __future__ import annotations
 
 import dataclasses
-import os
 from typing import Literal
 
 from dice.verifier.v1 import verifier_pb2 as pb
 from dice_jax.checkpoints import CheckpointConfig
-from dice_jax.config import require
+from dice_jax.config import require, require_file
 from dice_jax.data.problems import ProblemLoadError, check_source
 from dice_jax.distributed import DistributedConfig, MeshConfig
 from dice_jax.metrics_log import LoggingConfig
@@ -78,7 +77,7 @@ class DataSection:
     for key in ("infilling_template", "end_to_end_template"):
       value = getattr(self, key)
       if value is not None and not value.startswith(BUILTIN_TEMPLATE_PREFIX):
-        require(os.path.isfile(os.path.expanduser(value)), key, f"file not found: {value!r}")
+        require_file(value, key)
       if value is not None and value.startswith(BUILTIN_TEMPLATE_PREFIX):
         require(value == "builtin:compact", key, f"unknown built-in template {value!r} (have: builtin:compact)")
 

@@ -32,13 +32,13 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import yaml
 from flax import nnx
 
 from dice.verifier.v1 import verifier_pb2 as pb
 from dice_jax import distributed, sharding
 from dice_jax.checkpoints import Checkpointer
-from dice_jax.config import to_dict
+from dice_jax.config import to_yaml
+from dice_jax.data.rl_data import REWARD_COLUMNS, collate
 from dice_jax.metrics_log import MetricsLogger, truncate_jsonl
 from dice_jax.model import hf_io
 from dice_jax.rewards import defaults
@@ -46,7 +46,7 @@ from dice_jax.rewards.shaping import RewardComponent
 from dice_jax.rl import rewarding, samples, setup, summary
 from dice_jax.rl.config import RLConfig
 from dice_jax.rl.curriculum import Curriculum
-from dice_jax.rl.rollout import InFlight, RolloutEngine, item_columns
+from dice_jax.rl.rollout import InFlight, RolloutEngine
 from dice_jax.train.optim import cast_floating
 
 log = logging.getLogger(__name__)
@@ -82,7 +82,7 @@ def run_rl(cfg: RLConfig, *, should_stop: Callable[[], bool] = lambda: False,
   run_dir = os.path.abspath(os.path.expanduser(cfg.run_dir))
   distributed.initialize(cfg.distributed)
   primary = distributed.is_primary()
-  config_text = yaml.safe_dump(to_dict(cfg), sort_keys=False)
+  config_text = to_yaml(cfg)
   if primary:
     os.makedirs(run_dir, exist_ok=True)
     with open(os.path.join(run_dir, "config.yaml"), "w", encoding="utf-8") as f:
@@ -175,7 +175,7 @@ class _Loop:
 
   def _update(self, current: InFlight, verdicts, logger: MetricsLogger) -> dict[str, float]:
     g = self.cfg.rollout.group_size
-    columns = item_columns(current.items, g)
+    columns = collate(current.items, g, REWARD_COLUMNS)
     scored = rewarding.score(self.shaper, current.prompts, current.completions, verdicts, columns,
                              [i // g for i in range(len(current.completions))])
     if logger.enabled and self.cfg.logging.samples_per_phase:

@@ -30,6 +30,7 @@ from jax.experimental import multihost_utils
 
 from dice.verifier.v1 import verifier_pb2 as pb
 from dice_jax import distributed, sharding
+from dice_jax.data.rl_data import REWARD_COLUMNS, collate
 from dice_jax.model.tokenizer import Tokenizer
 from dice_jax.rewards.candidates import submit_completions
 from dice_jax.rl.batch import RLBatch
@@ -56,12 +57,6 @@ class InFlight:
   # Mean |recomputed - sampler-recorded| old log-prob over valid tokens (algo.old_logprobs=recompute):
   # the sampler/trainer numeric mismatch (bf16 cached decoding vs the training forward).
   logprob_mismatch: float | None = None
-
-
-def item_columns(items: Sequence[dict[str, Any]], group_size: int) -> dict[str, list[Any]]:
-  """Item columns repeated per row (the `**item_columns` of reward functions)."""
-  keys = ("problem_id", "phase", "level", "reference_source", "prefix", "suffix")
-  return {k: [item[k] for item in items for _ in range(group_size)] for k in keys}
 
 
 def sampler_config(cfg: RLConfig, eos_ids: Sequence[int]) -> SamplerConfig:
@@ -155,7 +150,7 @@ class RolloutEngine:
     completions = [self.tokenizer.decode(tokens_np[r, :lengths_np[r]], skip_special_tokens=True) for r in local_rows]
     g = self.group_size
     prompts = [self.book.prompt(item["phase"], item["problem_id"]).text for item in items for _ in range(g)]
-    future = submit_completions(self.client, completions, options=self.options, **item_columns(items, g))
+    future = submit_completions(self.client, completions, options=self.options, **collate(items, g, REWARD_COLUMNS))
     return InFlight(step=step, items=list(items), batch=batch, prompts=prompts, completions=completions,
                     verdicts=future, lengths=lengths_np, finished=_global_numpy(finished), sample_s=sample_s,
                     logprob_mismatch=logprob_mismatch)

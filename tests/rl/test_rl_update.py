@@ -10,8 +10,8 @@ from dice_jax import sharding
 from dice_jax.model import transformer
 from dice_jax.model.config import ModelConfig
 from dice_jax.rl import logprobs
-from dice_jax.rl.config import AlgoSection
 from dice_jax.rl.batch import RLBatch
+from dice_jax.rl.config import AlgoSection
 from dice_jax.rl.update import make_update_step
 from dice_jax.sampler.config import SamplerConfig, resolve
 from dice_jax.train.optim import OptimizerConfig, make_optimizer

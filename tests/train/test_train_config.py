@@ -7,8 +7,8 @@ from typing import Literal
 
 import pytest
 
-from dice_jax.config import (ConfigError, apply_overrides, dump_yaml, from_dict, load_config,
-                             require, require_file, to_dict)
+from dice_jax.config import (ConfigError, apply_overrides, from_dict, load_config, require, require_file,
+                             to_dict, to_yaml)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,7 +65,7 @@ def test_defaults_yaml_and_overrides(tmp_path):
   cfg2 = load_config(Top, None, ["extra.lr=0.5"])
   assert cfg2.extra == Opt(lr=0.5)
   out = tmp_path / "resolved.yaml"
-  dump_yaml(cfg, str(out))
+  out.write_text(to_yaml(cfg))
   assert load_config(Top, str(out)) == cfg
   assert from_dict(Top, to_dict(cfg)) == cfg
 
