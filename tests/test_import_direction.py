@@ -29,7 +29,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
      ("dice_jax.model", "dice_jax.rewards", "dice_jax.data", "dice_jax.verifier", "dice_jax.checkpoints",
       "dice_jax.metrics_log", "dice_jax.distributed")),
     ("foundation: sharding, config loading, tokenizer",
-     ("dice_jax.sharding", "dice_jax.config", "dice_jax.model.tokenizer")),
+     ("dice_jax.sharding", "dice_jax.config", "dice_jax.lazy", "dice_jax.model.tokenizer")),
 )
 _UNITS = {unit: depth for depth, (_, units) in enumerate(LAYERS) for unit in units}
 

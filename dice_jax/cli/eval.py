@@ -14,12 +14,16 @@ import pathlib
 import sys
 
 from dice_jax.cli import sampling
-from dice_jax.cli.exit_codes import Exit, epilog
+from dice_jax.cli.exit_codes import Exit, add_command
 from dice_jax.verifier.defaults import EVALUATION, POLICY_NAMES, PRECISION_NAMES
 
 CODES = (Exit.OK, Exit.USAGE, Exit.VERIFIER, Exit.INTERRUPTED)
+HELP = "KernelBench-style evaluation: fast_p, pass@k, reports and plots"
+DESCRIPTION = ("Evaluate a model (or kernels generated elsewhere) on KernelBench-format problems through the "
+               "verifier: execution accuracy, fast_1/fast_2 and the fast_p curve, speedups and pass@k, per "
+               "level. Resumable.")
 
-_EPILOG = """\
+EXAMPLES = """\
 examples:
   # our model, greedy, on the DICE infilling items (graded as prefix + generated middle + suffix)
   dice eval --model ckpt/ --problems ../shared/data/dice/kernel_infilling_evaluation.json \\
@@ -43,17 +47,11 @@ keyed by a hash of reference + candidate + options) and are never requested twic
 --verifier local (the default, as for `dice generate`) starts a verifier on loopback for this run
 (needs the 'verify' extra: torch and nvcc); without a GPU its verdicts are compile-only and the
 report says correctness is unavailable. Give HOST:PORT to use a running `dice-verifier serve`.
-
-""" + epilog(*CODES, USAGE="bad input")
+"""
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
-  parser = subparsers.add_parser(
-      "eval", help="KernelBench-style evaluation: fast_p, pass@k, reports and plots",
-      description="Evaluate a model (or kernels generated elsewhere) on KernelBench-format problems "
-                  "through the verifier: execution accuracy, fast_1/fast_2 and the fast_p curve, "
-                  "speedups and pass@k, per level. Resumable.",
-      epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser = add_command(subparsers, "eval", HELP, DESCRIPTION, EXAMPLES, CODES, USAGE="bad input")
   src = parser.add_argument_group("what to evaluate")
   src.add_argument("--problems", metavar="PATH",
                    help="KernelBench directory (levelN/<id>_<name>.py), a DICE .json/.jsonl file, or "

@@ -3,13 +3,16 @@
 0 to 4 mean what they mean for `dice-verifier check` (verifier_service/cli.py), so a script reads
 `dice generate` and `dice-verifier check` the same way; 75 is sysexits' EX_TEMPFAIL (run again)
 and 130 the shell's code for SIGINT. Each command uses the codes that can happen to it and lists
-them at the end of its --help (`epilog`); README.md ("Commands") has the whole table.
+them at the end of its --help: every subcommand's parser is made by `add_command`, which puts them
+there. README.md ("Commands") has the whole table.
 """
 
 from __future__ import annotations
 
+import argparse
 import enum
 import textwrap
+from collections.abc import Sequence
 
 
 class Exit(enum.IntEnum):
@@ -42,3 +45,12 @@ def epilog(*codes: Exit, **wording: str) -> str:
   says what a code means for this command where the table's words are too general."""
   parts = [f"{int(c)} {wording.get(c.name, MEANING[c])}" for c in codes]
   return textwrap.fill("exit codes: " + ", ".join(parts) + ".", width=100)
+
+
+def add_command(subparsers, name: str, help_text: str, description: str, examples: str,
+                codes: Sequence[Exit], **wording: str) -> argparse.ArgumentParser:
+  """A subcommand's parser whose --help ends with `examples` (kept as written) and then the exit
+  codes it can return (the table's words, or the command's own by code name: `USAGE="bad input"`)."""
+  return subparsers.add_parser(name, help=help_text, description=description,
+                               epilog=f"{examples.rstrip()}\n\n{epilog(*codes, **wording)}",
+                               formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -15,12 +15,16 @@ import pathlib
 import sys
 
 from dice_jax.cli import sampling
-from dice_jax.cli.exit_codes import Exit, epilog
+from dice_jax.cli.exit_codes import Exit, add_command
 from dice_jax.verifier.defaults import EVALUATION, PRECISION_NAMES
 
 CODES = (Exit.OK, Exit.NONE_CORRECT, Exit.USAGE, Exit.UNVERIFIED, Exit.VERIFIER, Exit.INTERRUPTED)
-
-_EPILOG = """\
+WORDING = dict(OK="verified winner written", USAGE="bad input", UNVERIFIED="compile-only (UNVERIFIED written)",
+               VERIFIER="verifier unreachable")
+HELP = "verified best-of-N CUDA kernels for a PyTorch module"
+DESCRIPTION = ("Sample candidate kernels for a KernelBench-format reference (Model, get_inputs, get_init_inputs), "
+               "verify every one, and write the fastest correct one.")
+EXAMPLES = """\
 examples:
   dice generate my_model.py --model ckpt/ --verifier 10.0.0.5:50051 --out ModelNew.py
   dice generate my_model.py --model ckpt/ --samples 16 --precision bf16 --arch sm_90
@@ -31,17 +35,11 @@ examples:
 The prompt states the target architecture, the precision and the input shapes and dtypes (read
 statically from get_inputs). Without a reference (--description) candidates are only compiled and
 statically checked: nothing is called verified, and a written file is marked UNVERIFIED.
-
-""" + epilog(*CODES, OK="verified winner written", USAGE="bad input",
-             UNVERIFIED="compile-only (UNVERIFIED written)", VERIFIER="verifier unreachable")
+"""
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
-  parser = subparsers.add_parser(
-      "generate", help="verified best-of-N CUDA kernels for a PyTorch module",
-      description="Sample candidate kernels for a KernelBench-format reference (Model, get_inputs, "
-                  "get_init_inputs), verify every one, and write the fastest correct one.",
-      epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser = add_command(subparsers, "generate", HELP, DESCRIPTION, EXAMPLES, CODES, **WORDING)
   parser.add_argument("reference", nargs="?", type=pathlib.Path,
                       help="the PyTorch reference file (omit with --description)")
   parser.add_argument("--description", help="description-only mode: what to compute, in words")

@@ -8,16 +8,22 @@ from __future__ import annotations
 import argparse
 import sys
 
-from dice_jax.cli.exit_codes import Exit, epilog
+from dice_jax.cli.exit_codes import Exit, add_command
+
+HELP = "PNG curves of a dice train run (rewards, per-phase rates, speedups, KL, entropy)"
+DESCRIPTION = ("Draw a `dice train` run's metrics.jsonl (and speedups.jsonl) as PNG files: reward per component, "
+               "phase-1/phase-2 format/compile/correct rates, the speedup distribution, KL, entropy, and training "
+               "health (loss, gradient norm, ratio, time waiting on verdicts).")
+EXAMPLES = """\
+examples:
+  dice plot runs/tiny                   # writes runs/tiny/plots/*.png
+  dice plot runs/tiny --out /tmp/plots
+"""
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
-  parser = subparsers.add_parser(
-      "plot", help="PNG curves of a dice train run (rewards, per-phase rates, speedups, KL, entropy)",
-      description="Draw a `dice train` run's metrics.jsonl (and speedups.jsonl) as PNG files: reward per "
-                  "component, phase-1/phase-2 format/compile/correct rates, the speedup distribution, KL, "
-                  "entropy, and training health (loss, gradient norm, ratio, time waiting on verdicts).",
-      epilog=epilog(Exit.OK, Exit.USAGE, OK="written", USAGE="not a run directory, or nothing logged yet"))
+  parser = add_command(subparsers, "plot", HELP, DESCRIPTION, EXAMPLES, (Exit.OK, Exit.USAGE), OK="written",
+                       USAGE="not a run directory, or nothing logged yet")
   parser.add_argument("run_dir", metavar="RUN_DIR", help="the run directory of `dice train` (its run_dir)")
   parser.add_argument("--out", metavar="DIR", help="where to write the PNGs (default: RUN_DIR/plots)")
   return parser

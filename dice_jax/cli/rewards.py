@@ -25,11 +25,12 @@ import sys
 import tempfile
 from typing import Any
 
-from dice_jax.cli.exit_codes import Exit, epilog
+from dice_jax.cli.exit_codes import Exit, add_command
 
 CODES = (Exit.OK, Exit.USAGE, Exit.VERIFIER)
-
-_EPILOG = """\
+HELP = "verify and score given completions exactly as `dice train` would"
+DESCRIPTION = __doc__.split("\n\n")[0] + " One row per completion: outcome, message, each reward component, total."
+EXAMPLES = """\
 examples:
   # the tiny default's reward (compile_only without a GPU) on the bundled problems
   dice rewards check --problems bundled:tiny --completions mine.jsonl
@@ -39,7 +40,7 @@ examples:
       'rewards.custom.short={fn: "myrewards:short", weight: 0.1}' --json rows.json
 
 A line of FILE.jsonl: {"problem_id": "19_ReLU", "phase": 2, "completion": "```python\\n...```"}
-""" + epilog(*CODES, USAGE="bad input", VERIFIER="verifier could not be started or reached")
+"""
 
 
 class InputError(ValueError):
@@ -50,10 +51,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
   parser = subparsers.add_parser("rewards", help="reward tools (check: completions through the training reward path)",
                                  description="Tools for the reward path of `dice train`.")
   sub = parser.add_subparsers(dest="rewards_command", metavar="SUBCOMMAND", required=True)
-  check = sub.add_parser(
-      "check", help="verify and score given completions exactly as `dice train` would",
-      description=__doc__.split("\n\n")[0] + " One row per completion: outcome, message, each reward "
-                  "component, total.", epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+  check = add_command(sub, "check", HELP, DESCRIPTION, EXAMPLES, CODES, USAGE="bad input",
+                      VERIFIER="verifier could not be started or reached")
   check.add_argument("--problems", required=True, action="append", metavar="PATH",
                      help="problems the completions answer: anything data.phase*_files takes (DICE .json/.jsonl, "
                           "a KernelBench directory, bundled:<name>); repeat for several")

@@ -48,12 +48,9 @@ from dice_jax.rl.config import RLConfig
 from dice_jax.rl.curriculum import Curriculum
 from dice_jax.rl.rollout import InFlight, RolloutEngine
 from dice_jax.train.optim import cast_floating
+from dice_jax.train.step import TrainingDiverged
 
 log = logging.getLogger(__name__)
-
-
-class TrainingDiverged(RuntimeError):
-  """The loss became NaN or infinite; the last good checkpoint is kept."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -4,32 +4,15 @@ infilling decoding for bidirectional models (LLaDA, Dream), with the trace Trace
 SamplerConfig (config.py) is the one sampling-settings type of the project: the library's argument,
 `dice train`'s `rollout` section and the source of `dice eval`/`dice generate`'s sampling flags.
 
-Decision: the names below are imported on first use (as in dice_jax/__init__.py), so reading
-SamplerConfig (the command-line parsers do) does not import JAX.
+Decision: the names below are imported on first use (dice_jax/lazy.py), so reading SamplerConfig
+(the command-line parsers do) does not import JAX.
 """
 
 from __future__ import annotations
 
-import importlib
+from dice_jax import lazy
 
-_EXPORTS = {
-    "generate": "dice_jax.sampler.api",
-    "sample": "dice_jax.sampler.api",
-    "SamplerConfig": "dice_jax.sampler.config",
-    "Rollout": "dice_jax.sampler.rollout",
-    "masked_state": "dice_jax.sampler.rollout",
-}
-
-__all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str):
-  if name not in _EXPORTS:
-    raise AttributeError(f"module 'dice_jax.sampler' has no attribute {name!r}")
-  value = getattr(importlib.import_module(_EXPORTS[name]), name)
-  globals()[name] = value
-  return value
-
-
-def __dir__() -> list[str]:
-  return __all__
+__getattr__, __dir__ = lazy.exports(__name__, {"dice_jax.sampler.api": ("generate", "sample"),
+                                                "dice_jax.sampler.config": ("SamplerConfig",),
+                                                "dice_jax.sampler.rollout": ("Rollout", "masked_state")})
+__all__ = __dir__()

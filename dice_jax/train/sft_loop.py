@@ -30,7 +30,7 @@ from dice_jax.train import model_setup
 from dice_jax.train.model_setup import ModelSection
 from dice_jax.train.optim import OptimizerConfig, make_optimizer
 from dice_jax.train.sft_step import SFTTrainConfig, make_sft_step
-from dice_jax.train.step import compile_train_step
+from dice_jax.train.step import TrainingDiverged, compile_train_step
 from dice_jax.train.train_state import abstract_state, create_train_state, state_shardings
 
 log = logging.getLogger(__name__)
@@ -49,10 +49,6 @@ class SFTConfig:
   checkpoint: CheckpointConfig = dataclasses.field(default_factory=CheckpointConfig)
   logging: LoggingConfig = dataclasses.field(default_factory=LoggingConfig)
 
-
-
-class TrainingDiverged(RuntimeError):
-  """The loss became NaN or infinite; the last good checkpoint is kept."""
 
 
 @dataclasses.dataclass(frozen=True)
