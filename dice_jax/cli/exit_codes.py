@@ -1,6 +1,6 @@
 """The exit codes of every `dice` command: one number, one meaning.
 
-0 to 4 mean what they mean for `dice-verifier check` (verifier_service/cli.py), so a script reads
+0 to 4 mean what they mean for `dice-verifier check`, so a script reads
 `dice generate` and `dice-verifier check` the same way; 75 is sysexits' EX_TEMPFAIL (run again)
 and 130 the shell's code for SIGINT. Each command uses the codes that can happen to it and lists
 them at the end of its --help: every subcommand's parser is made by `add_command`, which puts them

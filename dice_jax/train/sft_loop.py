@@ -50,7 +50,6 @@ class SFTConfig:
   logging: LoggingConfig = dataclasses.field(default_factory=LoggingConfig)
 
 
-
 @dataclasses.dataclass(frozen=True)
 class SFTResult:
   status: str  # "done" | "stopped" (asked to stop, checkpoint saved) | "preempted" (likewise)
