@@ -487,7 +487,7 @@ def main() -> int:
   sys.path[:0] = paths
   counts = prepare(work, sizes)
   print(f"[{_clock()}] data: {counts}", flush=True)
-  from dice_jax.eval.local_verifier import LocalVerifier
+  from dice_jax.verifier.local import LocalVerifier
 
   cache = args.verifier_cache.expanduser().resolve() if args.verifier_cache else None
   # RLIMIT_DATA of each job child: 32 GiB, what the GPU runs so far had (the default is RAM / 2 / slots).

@@ -25,6 +25,8 @@ from flax import nnx
 from dice_jax.model import masks, transformer
 from dice_jax.model.config import ModelConfig
 from dice_jax.rl import logprobs, scoring
+from dice_jax.rl.batch import RLBatch
+from dice_jax.sampler.config import SamplerConfig, resolve
 
 
 def _timed(fn, *args, repeats: int) -> tuple[float, jax.Array]:
@@ -56,28 +58,27 @@ def main() -> int:
                        max_position_embeddings=prompt + gen + 8, mask_token_id=4095, eos_token_id=1,
                        pad_token_id=0, dtype=dtype, **dims)
   graphdef, params = nnx.split(transformer.init_model(config, seed=0))
-  spec = scoring.ScoringSpec(family="block", block_size=4, steps_per_block=4, gen_length=gen, mask_id=4095,
-                             pad_id=0, temperature=1.0)
+  spec = resolve(SamplerConfig(gen_length=gen, steps_per_block=4), config)  # block 4, mask 4095, pad 0
   rng = np.random.default_rng(0)
-  batch = {"prompt": jnp.asarray(rng.integers(2, 4000, (rows, prompt)), jnp.int32),
-           "prompt_lengths": jnp.asarray(rng.integers(prompt // 2, prompt + 1, rows), jnp.int32),
-           "tokens": jnp.asarray(rng.integers(2, 4000, (rows, gen)), jnp.int32),
-           "commit_rank": jnp.asarray(rng.integers(0, 4, (rows, gen)), jnp.int32),
-           "score_keys": jnp.zeros((rows, 2), jnp.uint32)}
+  batch = RLBatch(prompt=jnp.asarray(rng.integers(2, 4000, (rows, prompt)), jnp.int32),
+                  prompt_lengths=jnp.asarray(rng.integers(prompt // 2, prompt + 1, rows), jnp.int32),
+                  tokens=jnp.asarray(rng.integers(2, 4000, (rows, gen)), jnp.int32),
+                  valid=jnp.ones((rows, gen), bool), commit_rank=jnp.asarray(rng.integers(0, 4, (rows, gen)), jnp.int32),
+                  old_logp=jnp.zeros((rows, gen), jnp.float32), score_keys=jnp.zeros((rows, 2), jnp.uint32))
 
   def structured(p):
     return jnp.sum(logprobs.policy_logprobs(graphdef, p, spec, "trace", batch)[0])
 
   def dense(p):
     prompt_ids, states, index = logprobs.ESTIMATORS["trace"](spec, batch, 0.0)
-    tokens, positions, mask, gather = scoring.block_inputs(spec, prompt_ids, batch["prompt_lengths"],
-                                                           batch["tokens"], states, index)
+    tokens, positions, mask, gather = scoring.block_inputs(spec, prompt_ids, batch.prompt_lengths,
+                                                           batch.tokens, states, index)
     length = tokens.shape[1]
     explicit = masks.explicit(jnp.broadcast_to(masks.dense(mask, length, length), (rows, length, length)))
     model = nnx.merge(graphdef, p)
-    hidden = scoring._hidden(model, tokens, explicit, positions)  # pylint: disable=protected-access
+    hidden = model.hidden_states(tokens, explicit, positions_BxL=positions)
     x = jnp.take_along_axis(hidden, gather[..., None], axis=1)
-    return jnp.sum(scoring._token_stats(model, x, batch["tokens"], 1.0)[0])  # pylint: disable=protected-access
+    return jnp.sum(scoring._token_stats(model, x, batch.tokens, 1.0)[0])  # pylint: disable=protected-access
 
   results = {}
   for name, fn in (("multi_copy", structured), ("dense", dense)):

@@ -1,7 +1,7 @@
 """dice-jax: diffusion language models that learn to write CUDA kernels (trainer side).
 
-The public surface (DESIGN.md section 8), imported lazily so `import dice_jax` and `dice --help`
-stay fast and do not initialise JAX:
+The public surface (ARCHITECTURE.md, "Public surface"), imported lazily so `import dice_jax` and
+`dice --help` stay fast and do not initialise JAX:
 
     import dice_jax as dj
     model = dj.load_pretrained("ckpt_dir")                 # HF layout: config.json + *.safetensors
@@ -14,31 +14,15 @@ stay fast and do not initialise JAX:
 
 from __future__ import annotations
 
-import importlib
+from dice_jax import lazy
 
-# Public name -> module that defines it.
+# Module -> the public names it defines.
 _EXPORTS = {
-    "load_pretrained": "dice_jax.model.hf_io",
-    "save_pretrained": "dice_jax.model.hf_io",
-    "load_tokenizer": "dice_jax.model.tokenizer",
-    "ModelConfig": "dice_jax.model.config",
-    "sample": "dice_jax.sampler",
-    "SamplerConfig": "dice_jax.sampler",
-    "Rollout": "dice_jax.sampler",
-    "KernelGenerator": "dice_jax.generation",
-    "GenerationResult": "dice_jax.generation",
+    "dice_jax.model.hf_io": ("load_pretrained", "save_pretrained"),
+    "dice_jax.model.tokenizer": ("load_tokenizer",),
+    "dice_jax.model.config": ("ModelConfig",),
+    "dice_jax.sampler": ("sample", "SamplerConfig", "Rollout"),
+    "dice_jax.generation": ("KernelGenerator", "GenerationResult"),
 }
-
-__all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str):
-  if name not in _EXPORTS:
-    raise AttributeError(f"module 'dice_jax' has no attribute {name!r}")
-  value = getattr(importlib.import_module(_EXPORTS[name]), name)
-  globals()[name] = value  # later lookups skip this function
-  return value
-
-
-def __dir__() -> list[str]:
-  return __all__
+__getattr__, __dir__ = lazy.exports(__name__, _EXPORTS)
+__all__ = __dir__()

@@ -22,6 +22,12 @@ Values are converted to the annotated type (YAML reads `1e-6` as a string; a flo
 and every error is a `ConfigError` that names the dotted key: unknown keys (with a suggestion),
 wrong types, and bad values found by a section's `__post_init__` through `require`.
 
+A config file may start from another: a top-level `base: OTHER.yaml` (a path relative to the file)
+is read first, recursively, and the file's own values are laid over it: mappings merge key by key,
+anything else (numbers, strings, lists) replaces what the base said. So a family of recipes is one
+base plus a few lines each (configs/). Decision: one key and a plain merge, not a templating
+system: what a recipe changes stays readable in the recipe itself.
+
 Short forms: a `dict[str, Section]` field also takes a list of strings when `Section` defines a
 classmethod `from_short(item: str) -> (key, mapping)`; each item becomes one entry (so
 `rewards.custom=[mymod:fn]` means `rewards.custom={fn: {fn: "mymod:fn"}}`). Decision: the hook is
@@ -284,11 +290,18 @@ def apply_overrides(schema: type, data: Mapping[str, Any], overrides: Sequence[s
   return data
 
 
+BASE_KEY = "base"
+
+
 def read_yaml(path: str) -> dict[str, Any]:
-  """Reads a YAML mapping, with errors that name the file."""
-  path = os.path.expanduser(path)
+  """Reads a YAML mapping, with errors that name the file; a `base:` file first (module docstring)."""
+  return _read_yaml(os.path.expanduser(path), ())
+
+
+def _read_yaml(path: str, including: tuple[str, ...]) -> dict[str, Any]:
   if not os.path.isfile(path):
-    raise ConfigError(f"config file not found: {path!r}")
+    where = f" (the base of {including[-1]})" if including else ""
+    raise ConfigError(f"config file not found: {path!r}{where}")
   with open(path, encoding="utf-8") as f:
     try:
       data = yaml.safe_load(f)
@@ -298,7 +311,27 @@ def read_yaml(path: str) -> dict[str, Any]:
     return {}
   if not isinstance(data, dict):
     raise ConfigError(f"{path}: the top level must be a mapping of sections, got {type(data).__name__}")
-  return data
+  base = data.pop(BASE_KEY, None)
+  if base is None:
+    return data
+  if not isinstance(base, str) or not base.strip():
+    raise ConfigError(f"{path}: {BASE_KEY} must name a YAML file, got {base!r}")
+  base_path = os.path.normpath(os.path.join(os.path.dirname(path), os.path.expanduser(base)))
+  chain = (*including, os.path.abspath(path))
+  if os.path.abspath(base_path) in chain:
+    raise ConfigError(f"{path}: {BASE_KEY} {base!r} includes itself ({' -> '.join(chain)} -> {base_path})")
+  return merge(_read_yaml(base_path, chain), data)
+
+
+def merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+  """`over` laid over `base`: mappings merged key by key (recursively), other values replaced."""
+  out = dict(base)
+  for key, value in over.items():
+    if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
+      out[key] = merge(out[key], value)
+    else:
+      out[key] = value
+  return out
 
 
 def load_config(schema: type[T], path: str | None = None, overrides: Sequence[str] = ()) -> T:
@@ -311,7 +344,7 @@ def load_config(schema: type[T], path: str | None = None, overrides: Sequence[st
     raise ConfigError(f"{path}: {e}" if path else str(e)) from None
 
 
-def dump_yaml(cfg: Any, path: str) -> None:
-  """Writes the resolved config (what actually ran) beside a run's outputs."""
-  with open(path, "w", encoding="utf-8") as f:
-    yaml.safe_dump(to_dict(cfg), f, sort_keys=False)
+def to_yaml(cfg: Any) -> str:
+  """The resolved config as YAML, fields in their declared order (--print-config, a run's
+  config.yaml); `load_config` reads it back to the same config."""
+  return yaml.safe_dump(to_dict(cfg), sort_keys=False)

@@ -1,4 +1,5 @@
-"""DESIGN section 8's public surface: the names users call stay importable and keep their shape."""
+"""The public surface (ARCHITECTURE.md, "Public surface"): the names users call stay importable and
+keep their shape."""
 
 from __future__ import annotations
 

@@ -112,11 +112,10 @@ def _check_dice(argv: list[str], where: str, scratch: pathlib.Path, monkeypatch)
     assert (ROOT / args.config).is_file(), f"{where}: {args.config} does not exist"
   data = apply_overrides(schema, read_yaml(str(ROOT / args.config)) if args.config else {}, args.overrides)
   if args.command == "train" and "rewards" in data:
-    from dice_jax.rl import rewarding  # pylint: disable=import-outside-toplevel
-    from dice_jax.rl.config import RewardsSection  # pylint: disable=import-outside-toplevel
+    from dice_jax.rewards.defaults import RewardConfig  # pylint: disable=import-outside-toplevel
     monkeypatch.chdir(scratch)  # where the reader runs `dice train`, beside myrewards.py
-    section = from_dict(RewardsSection, data["rewards"], where="rewards")
-    assert rewarding.custom_components(section) or not section.custom
+    section = from_dict(RewardConfig, data["rewards"], where="rewards")
+    assert section.custom_components() or not section.custom
 
 
 def test_shell_commands_parse_with_the_real_parsers(scratch, monkeypatch):

@@ -1,9 +1,9 @@
 """`dice eval`: KernelBench-style evaluation (execution accuracy, fast_p, pass@k) through the verifier.
 
-Exit codes: 0 finished; 2 bad command line or input (problems, generations, model directory,
-templates); 4 the verifier is unreachable, or verdicts are INFRA_ERROR (rerun the same command to
-retry only those); 130 interrupted by Ctrl-C or SIGTERM (every verdict that arrived is saved:
-rerun to continue; a --verifier local server is stopped).
+Exit codes (dice_jax.cli.exit_codes): 0 finished; 2 bad command line or input (problems,
+generations, model directory, templates); 4 the verifier is unreachable, or verdicts are
+INFRA_ERROR (rerun the same command to retry only those); 130 interrupted by Ctrl-C or SIGTERM
+(every verdict that arrived is saved: rerun to continue; a --verifier local server is stopped).
 """
 
 from __future__ import annotations
@@ -13,9 +13,17 @@ import logging
 import pathlib
 import sys
 
-EXIT_OK, EXIT_USAGE, EXIT_VERIFIER, EXIT_INTERRUPTED = 0, 2, 4, 130
+from dice_jax.cli import sampling
+from dice_jax.cli.exit_codes import Exit, add_command
+from dice_jax.verifier.defaults import EVALUATION, POLICY_NAMES, PRECISION_NAMES
 
-_EPILOG = """\
+CODES = (Exit.OK, Exit.USAGE, Exit.VERIFIER, Exit.INTERRUPTED)
+HELP = "KernelBench-style evaluation: fast_p, pass@k, reports and plots"
+DESCRIPTION = ("Evaluate a model (or kernels generated elsewhere) on KernelBench-format problems through the "
+               "verifier: execution accuracy, fast_1/fast_2 and the fast_p curve, speedups and pass@k, per "
+               "level. Resumable.")
+
+EXAMPLES = """\
 examples:
   # our model, greedy, on the DICE infilling items (graded as prefix + generated middle + suffix)
   dice eval --model ckpt/ --problems ../shared/data/dice/kernel_infilling_evaluation.json \\
@@ -39,18 +47,11 @@ keyed by a hash of reference + candidate + options) and are never requested twic
 --verifier local (the default, as for `dice generate`) starts a verifier on loopback for this run
 (needs the 'verify' extra: torch and nvcc); without a GPU its verdicts are compile-only and the
 report says correctness is unavailable. Give HOST:PORT to use a running `dice-verifier serve`.
-
-exit codes: 0 done, 2 bad input, 4 verifier unreachable or INFRA_ERROR verdicts left, 130 interrupted.
 """
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
-  parser = subparsers.add_parser(
-      "eval", help="KernelBench-style evaluation: fast_p, pass@k, reports and plots",
-      description="Evaluate a model (or kernels generated elsewhere) on KernelBench-format problems "
-                  "through the verifier: execution accuracy, fast_1/fast_2 and the fast_p curve, "
-                  "speedups and pass@k, per level. Resumable.",
-      epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser = add_command(subparsers, "eval", HELP, DESCRIPTION, EXAMPLES, CODES, USAGE="bad input")
   src = parser.add_argument_group("what to evaluate")
   src.add_argument("--problems", metavar="PATH",
                    help="KernelBench directory (levelN/<id>_<name>.py), a DICE .json/.jsonl file, or "
@@ -77,21 +78,17 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
   gen.add_argument("--samples", type=int, default=1, metavar="K",
                    help="samples per problem: 1 = greedy (top_k 1), K > 1 = at --temperature; pass@k "
                         "is reported for k <= K (default %(default)s)")
-  gen.add_argument("--temperature", type=float, default=1.0, help="for --samples > 1 (default 1.0)")
-  gen.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling (default 1.0: off)")
-  gen.add_argument("--max-new-tokens", type=int, default=4096, help="default %(default)s (DICE's)")
-  gen.add_argument("--decode-mode", choices=("static", "dynamic"), default="dynamic",
-                   help="commit rule per denoising step (default %(default)s, as DICE)")
-  gen.add_argument("--threshold", type=float, default=0.9, help="dynamic mode confidence (0.9)")
   gen.add_argument("--batch-size", type=int, default=8, help="rows per sampler call (default 8)")
   gen.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
   gen.add_argument("--template-infilling", metavar="YAML", help="phase-1 prompt template (user/system)")
   gen.add_argument("--template-end-to-end", metavar="YAML", help="phase-2 prompt template")
+  sampling.add_flags(parser.add_argument_group(
+      "sampling (--model; the keys of dice train's rollout section; --samples 1 is greedy)"))
   ver = parser.add_argument_group("verification")
   ver.add_argument("--verifier", metavar="HOST:PORT|local", default="local",
                    help="verifier target(s), comma-separated, or 'local': a loopback server for this run "
                         "(default)")
-  ver.add_argument("--precision", choices=("fp32", "fp16", "bf16"), default="fp32",
+  ver.add_argument("--precision", choices=PRECISION_NAMES, default="fp32",
                    help="floating precision problems are run in (default fp32); integer inputs "
                         "keep their dtype")
   ver.add_argument("--trials", type=int, default=0, help="correctness trials (0: server default, 5)")
@@ -100,13 +97,14 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                         "used 1e-2)")
   ver.add_argument("--rtol", type=float, default=0.0, help="relative tolerance (0: as --atol)")
   ver.add_argument("--skip-timing", action="store_true", help="correctness only (no fast_p)")
-  ver.add_argument("--policy", choices=("default", "strict"), default=None,
+  ver.add_argument("--policy", choices=POLICY_NAMES, default=None,
                    help="partial replacement: default (KernelBench/DICE: a kept torch matmul or "
                         "conv is fine) or strict (torch only for glue); unset: the server's")
   ver.add_argument("--auth-token-file", metavar="FILE", help="bearer token for the verifier")
-  ver.add_argument("--connect-timeout", type=float, default=10.0, help="seconds (default 10)")
-  ver.add_argument("--request-timeout", type=float, default=1800.0,
-                   help="seconds from send to verdict per candidate (default 1800)")
+  ver.add_argument("--connect-timeout", type=float, default=EVALUATION.connect_timeout_s,
+                   help="seconds (default %(default)g)")
+  ver.add_argument("--request-timeout", type=float, default=EVALUATION.request_timeout_s,
+                   help="seconds from send to verdict per candidate (default %(default)g)")
   out = parser.add_argument_group("output")
   out.add_argument("--out", metavar="DIR", type=pathlib.Path,
                    help="results directory (default runs/eval/<problems>-<source>); rerunning with "
@@ -116,16 +114,16 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
   return parser
 
 
-def _error(message: str, code: int = EXIT_USAGE) -> int:
+def _error(message: str, code: int = Exit.USAGE) -> int:
   print(f"dice eval: error: {message}", file=sys.stderr)
   return code
 
 
 def run(args: argparse.Namespace) -> int:
   logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-  from dice_jax.eval import command  # pylint: disable=import-outside-toplevel
+  from dice_jax.cli import eval_run  # pylint: disable=import-outside-toplevel
   if args.compare:
-    return command.compare(args)
+    return eval_run.compare(args)
   if not args.problems:
     return _error("--problems PATH is required (or --compare RUN_A RUN_B)")
   if not (args.model or args.generations or args.reference_generations):
@@ -135,11 +133,11 @@ def run(args: argparse.Namespace) -> int:
   if args.samples > 1 and not args.model:
     return _error("--samples applies to --model (generated samples); with --generations the sample "
                   "files decide")
-  from dice_jax.eval.connect import sigterm_as_interrupt  # pylint: disable=import-outside-toplevel
+  from dice_jax.cli.signals import sigterm_as_interrupt  # pylint: disable=import-outside-toplevel
   try:
     with sigterm_as_interrupt():
-      return command.evaluate(args)
+      return eval_run.evaluate(args)
   except KeyboardInterrupt:
     out = getattr(args, "resolved_out", args.out)
     return _error(f"interrupted; verdicts received so far are saved in {out}/verdicts.jsonl. "
-                  "Run the same command again to continue.", EXIT_INTERRUPTED)
+                  "Run the same command again to continue.", Exit.INTERRUPTED)

@@ -1,10 +1,10 @@
 """`dice generate`: best-of-N verified CUDA kernels for one PyTorch module.
 
-Exit codes (as `dice-verifier check`): 0 a verified winner was written; 1 no candidate was proven
-correct (nothing written); 2 bad command line or input (reference, architecture, model directory);
-3 compile-only: a candidate compiled and was written marked UNVERIFIED (description-only mode, or
-a verifier without a GPU); 4 the verifier is unreachable or failed; 130 interrupted (Ctrl-C or
-SIGTERM; a --verifier local server is stopped).
+Exit codes (dice_jax.cli.exit_codes; 0-4 as `dice-verifier check`): 0 a verified winner was
+written; 1 no candidate was proven correct (nothing written); 2 bad command line or input
+(reference, architecture, model directory); 3 compile-only: a candidate compiled and was written
+marked UNVERIFIED (description-only mode, or a verifier without a GPU); 4 the verifier is
+unreachable or failed; 130 interrupted (Ctrl-C or SIGTERM; a --verifier local server is stopped).
 """
 
 from __future__ import annotations
@@ -14,9 +14,17 @@ import logging
 import pathlib
 import sys
 
-EXIT_OK, EXIT_NONE, EXIT_USAGE, EXIT_UNVERIFIED, EXIT_VERIFIER, EXIT_INTERRUPTED = 0, 1, 2, 3, 4, 130
+from dice_jax.cli import sampling
+from dice_jax.cli.exit_codes import Exit, add_command
+from dice_jax.verifier.defaults import EVALUATION, PRECISION_NAMES
 
-_EPILOG = """\
+CODES = (Exit.OK, Exit.NONE_CORRECT, Exit.USAGE, Exit.UNVERIFIED, Exit.VERIFIER, Exit.INTERRUPTED)
+WORDING = dict(OK="verified winner written", USAGE="bad input", UNVERIFIED="compile-only (UNVERIFIED written)",
+               VERIFIER="verifier unreachable")
+HELP = "verified best-of-N CUDA kernels for a PyTorch module"
+DESCRIPTION = ("Sample candidate kernels for a KernelBench-format reference (Model, get_inputs, get_init_inputs), "
+               "verify every one, and write the fastest correct one.")
+EXAMPLES = """\
 examples:
   dice generate my_model.py --model ckpt/ --verifier 10.0.0.5:50051 --out ModelNew.py
   dice generate my_model.py --model ckpt/ --samples 16 --precision bf16 --arch sm_90
@@ -27,18 +35,11 @@ examples:
 The prompt states the target architecture, the precision and the input shapes and dtypes (read
 statically from get_inputs). Without a reference (--description) candidates are only compiled and
 statically checked: nothing is called verified, and a written file is marked UNVERIFIED.
-
-exit codes: 0 verified winner written, 1 none correct, 2 bad input, 3 compile-only (UNVERIFIED
-written), 4 verifier unreachable.
 """
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
-  parser = subparsers.add_parser(
-      "generate", help="verified best-of-N CUDA kernels for a PyTorch module",
-      description="Sample candidate kernels for a KernelBench-format reference (Model, get_inputs, "
-                  "get_init_inputs), verify every one, and write the fastest correct one.",
-      epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser = add_command(subparsers, "generate", HELP, DESCRIPTION, EXAMPLES, CODES, **WORDING)
   parser.add_argument("reference", nargs="?", type=pathlib.Path,
                       help="the PyTorch reference file (omit with --description)")
   parser.add_argument("--description", help="description-only mode: what to compute, in words")
@@ -51,26 +52,23 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
   parser.add_argument("--report", type=pathlib.Path, metavar="JSON",
                       help="also write every candidate with its verdict and source as JSON")
   parser.add_argument("--arch", help="target GPU architecture, e.g. sm_90 (default: the verifier's)")
-  parser.add_argument("--precision", choices=("fp32", "fp16", "bf16"), default="fp32",
+  parser.add_argument("--precision", choices=PRECISION_NAMES, default="fp32",
                       help="floating precision the kernel is written and checked for (default fp32)")
   parser.add_argument("--inject", type=pathlib.Path, action="append", default=[], metavar="FILE",
                       help="an extra candidate file verified and ranked with the samples (repeatable)")
   parser.add_argument("--template", metavar="YAML", help="prompt template (user/system); see "
                       "dice_jax.data.prompts for the fields")
-  parser.add_argument("--max-new-tokens", type=int, default=4096,
-                      help="tokens generated per candidate (default %(default)s, DICE's)")
-  parser.add_argument("--temperature", type=float, default=1.0, help="0 = greedy")
-  parser.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling (1.0: off)")
   parser.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
   parser.add_argument("--trials", type=int, default=0, help="correctness trials (0: server default)")
   parser.add_argument("--atol", type=float, default=0.0, help="0: per-precision default")
   parser.add_argument("--rtol", type=float, default=0.0, help="0: as --atol")
-  parser.add_argument("--connect-timeout", type=float, default=10.0,
-                      help="seconds to wait for the verifier to answer its preflight (default 10)")
+  parser.add_argument("--connect-timeout", type=float, default=EVALUATION.connect_timeout_s,
+                      help="seconds to wait for the verifier to answer its preflight (default %(default)g)")
+  sampling.add_flags(parser.add_argument_group("sampling (the keys of dice train's rollout section)"))
   return parser
 
 
-def _error(message: str, code: int = EXIT_USAGE) -> int:
+def _error(message: str, code: int = Exit.USAGE) -> int:
   print(f"dice generate: error: {message}", file=sys.stderr)
   return code
 
@@ -91,14 +89,14 @@ def run(args: argparse.Namespace) -> int:
     return _error("give a REFERENCE.py, or --description TEXT for description-only mode (not both)")
   if args.samples < 0 or args.samples + len(args.inject) < 1:
     return _error("--samples must be >= 1 (or 0 with --inject)")
-  from dice_jax.generation import command  # pylint: disable=import-outside-toplevel
+  from dice_jax.cli import generate_run  # pylint: disable=import-outside-toplevel
   try:
     injected = _read_injected(args.inject)
   except ValueError as e:
     return _error(str(e))
-  from dice_jax.eval.connect import sigterm_as_interrupt  # pylint: disable=import-outside-toplevel
+  from dice_jax.cli.signals import sigterm_as_interrupt  # pylint: disable=import-outside-toplevel
   try:
     with sigterm_as_interrupt():
-      return command.generate(args, injected)
+      return generate_run.generate(args, injected)
   except KeyboardInterrupt:
-    return _error("interrupted", EXIT_INTERRUPTED)
+    return _error("interrupted", Exit.INTERRUPTED)

@@ -3,7 +3,7 @@
 Each subcommand lives in its own module under dice_jax/cli/ and exposes
 `add_parser(subparsers) -> argparse.ArgumentParser` and `run(args) -> int` (the exit code).
 Imports are deferred to the chosen subcommand so `dice --help` stays fast and a verifier-only
-install can still print help.
+install can still print help. Exit codes mean the same in every subcommand (exit_codes.py).
 """
 
 from __future__ import annotations
@@ -11,6 +11,8 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+
+from dice_jax.cli.exit_codes import Exit
 
 # Subcommand name -> module under dice_jax.cli. Order is the order shown in --help.
 COMMANDS = {
@@ -41,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
   args = parser.parse_args(argv)
   if getattr(args, "_run", None) is None:
     parser.print_help()
-    return 2
+    return Exit.USAGE
   return int(args._run(args) or 0)
 
 

@@ -11,8 +11,8 @@ FILE.jsonl has one object per line: {"problem_id": ..., "phase": 1 or 2, "comple
 Completions of the same problem and phase form one group (components normalised per group see
 them together, as the G responses to one prompt do in training).
 
-Exit codes: 0 every completion was scored; 2 bad command line, config or input file; 5 the verifier
-could not be started or reached (the same codes as `dice train`).
+Exit codes (dice_jax.cli.exit_codes): 0 every completion was scored; 2 bad command line, config or
+input file; 4 the verifier could not be started or reached (the same codes as `dice train`).
 """
 
 from __future__ import annotations
@@ -25,9 +25,12 @@ import sys
 import tempfile
 from typing import Any
 
-EXIT_OK, EXIT_USAGE, EXIT_VERIFIER = 0, 2, 5
+from dice_jax.cli.exit_codes import Exit, add_command
 
-_EPILOG = """\
+CODES = (Exit.OK, Exit.USAGE, Exit.VERIFIER)
+HELP = "verify and score given completions exactly as `dice train` would"
+DESCRIPTION = __doc__.split("\n\n")[0] + " One row per completion: outcome, message, each reward component, total."
+EXAMPLES = """\
 examples:
   # the tiny default's reward (compile_only without a GPU) on the bundled problems
   dice rewards check --problems bundled:tiny --completions mine.jsonl
@@ -37,7 +40,6 @@ examples:
       'rewards.custom.short={fn: "myrewards:short", weight: 0.1}' --json rows.json
 
 A line of FILE.jsonl: {"problem_id": "19_ReLU", "phase": 2, "completion": "```python\\n...```"}
-exit codes: 0 done, 2 bad input, 5 verifier unreachable.
 """
 
 
@@ -49,10 +51,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
   parser = subparsers.add_parser("rewards", help="reward tools (check: completions through the training reward path)",
                                  description="Tools for the reward path of `dice train`.")
   sub = parser.add_subparsers(dest="rewards_command", metavar="SUBCOMMAND", required=True)
-  check = sub.add_parser(
-      "check", help="verify and score given completions exactly as `dice train` would",
-      description=__doc__.split("\n\n")[0] + " One row per completion: outcome, message, each reward "
-                  "component, total.", epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+  check = add_command(sub, "check", HELP, DESCRIPTION, EXAMPLES, CODES, USAGE="bad input",
+                      VERIFIER="verifier could not be started or reached")
   check.add_argument("--problems", required=True, action="append", metavar="PATH",
                      help="problems the completions answer: anything data.phase*_files takes (DICE .json/.jsonl, "
                           "a KernelBench directory, bundled:<name>); repeat for several")
@@ -120,12 +120,12 @@ def _load_problems(paths: list[str]) -> dict[str, Any]:
 def check(cfg, problems: dict[str, Any], records: list[dict[str, Any]], workdir: str
           ) -> tuple[list[dict[str, Any]], str]:
   """(the rows of `records`, what the verifier said about itself); see the module docstring.
-  Raises VerifierUnreachable / LocalVerifierError when no verifier can be reached."""
-  from dice_jax.data.rl_data import make_item
+  Raises one of dice_jax.verifier.connect.UNAVAILABLE when no verifier can be reached."""
+  from dice_jax.data.rl_data import REWARD_COLUMNS, collate, make_item
+  from dice_jax.rewards import defaults
   from dice_jax.rewards.candidates import submit_completions
   from dice_jax.rl import rewarding, setup
   from dice_jax.rl.data import PromptBook
-  from dice_jax.rl.rollout import item_columns
   from dice_jax.train import model_setup
 
   tokenizer, _ = model_setup.tokenizer_for(cfg.model, workdir)
@@ -134,14 +134,14 @@ def check(cfg, problems: dict[str, Any], records: list[dict[str, Any]], workdir:
            for r in records]
   prompts = [book.render(problems[r["problem_id"]], r["phase"]) for r in records]
   completions = [r["completion"] for r in records]
-  columns = item_columns(items, 1)
+  columns = collate(items, 1, REWARD_COLUMNS)
   groups: dict[tuple[str, int], int] = {}
   group_ids = [groups.setdefault((r["problem_id"], r["phase"]), len(groups)) for r in records]
-  rewarding.custom_components(cfg.rewards)  # a bad custom reward fails before the verifier starts
+  cfg.rewards.custom_components()  # a bad custom reward fails before the verifier starts
   connection = setup.connect_verifier(cfg.verifier, workdir)
   try:
-    shaper = rewarding.build_shaper(cfg.rewards, connection.has_gpu)
-    verdicts = submit_completions(connection.client, completions, options=setup.verify_options(cfg.verifier),
+    shaper = defaults.make_shaper(cfg.rewards, has_gpu=connection.has_gpu)
+    verdicts = submit_completions(connection.client, completions, options=cfg.verifier.options(),
                                   **columns).result()
     scored = rewarding.score(shaper, prompts, completions, verdicts, columns, group_ids)
     verifier = connection.describe()
@@ -188,8 +188,7 @@ def run(args: argparse.Namespace) -> int:
   from dice_jax.cli.train import load
   from dice_jax.config import ConfigError
   from dice_jax.data.problems import ProblemLoadError
-  from dice_jax.eval.connect import VerifierUnreachable
-  from dice_jax.eval.local_verifier import LocalVerifierError
+  from dice_jax.verifier.connect import UNAVAILABLE
 
   overrides = list(args.overrides)
   if args.verifier:
@@ -200,17 +199,17 @@ def run(args: argparse.Namespace) -> int:
     records = read_completions(args.completions, problems)
   except (ConfigError, ProblemLoadError, InputError) as e:
     print(f"dice rewards check: {e}", file=sys.stderr)
-    return EXIT_USAGE
+    return Exit.USAGE
   with tempfile.TemporaryDirectory(prefix="dice-rewards-check-") as workdir:
     try:
       rows, verifier = check(cfg, problems, records, workdir)
     except ConfigError as e:
       print(f"dice rewards check: {e}", file=sys.stderr)
-      return EXIT_USAGE
-    except (VerifierUnreachable, LocalVerifierError) as e:
+      return Exit.USAGE
+    except UNAVAILABLE as e:
       print(f"dice rewards check: verifier: {e}", file=sys.stderr)
-      return EXIT_VERIFIER
+      return Exit.VERIFIER
   print_rows(rows, verifier)
   if args.json:
     pathlib.Path(args.json).expanduser().write_text(json.dumps(rows, indent=1) + "\n", encoding="utf-8")
-  return EXIT_OK
+  return Exit.OK

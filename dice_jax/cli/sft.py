@@ -1,23 +1,23 @@
 """`dice sft`: supervised fine-tuning of a diffusion LM on prompt/response data.
 
-Exit codes: 0 finished; 2 bad command line, config, data file or model directory (nothing was
-trained); 3 the loss diverged (NaN/inf); 4 a checkpoint does not match the config; 75 stopped by
-SIGTERM or a preemption notice after saving a checkpoint (run the same command to resume);
-130 interrupted by Ctrl-C after saving a checkpoint.
+Exit codes (dice_jax.cli.exit_codes): 0 finished; 2 bad command line, config, data file or model
+directory (nothing was trained); 5 the loss diverged (NaN/inf); 6 a checkpoint does not match the
+config; 75 stopped by SIGTERM or a preemption notice after saving a checkpoint (run the same command
+to resume); 130 interrupted by Ctrl-C after saving a checkpoint.
 """
 
 from __future__ import annotations
 
 import argparse
-import logging
-import signal
-import sys
-import threading
 
-EXIT_OK, EXIT_USAGE, EXIT_DIVERGED, EXIT_CHECKPOINT, EXIT_PREEMPTED, EXIT_INTERRUPTED = (
-    0, 2, 3, 4, 75, 130)
+from dice_jax.cli import training
+from dice_jax.cli.exit_codes import add_command
+from dice_jax.cli.signals import StopFlag
 
-_EPILOG = """\
+HELP = "supervised fine-tuning on prompt/response JSON/JSONL (masked diffusion)"
+DESCRIPTION = ("Fine-tune a diffusion LM (SDAR two-copy block diffusion, or the LLaDA masked ELBO) on "
+               "prompt/response or chat-message examples. Resumes from the latest checkpoint of its run directory.")
+EXAMPLES = """\
 examples:
   dice sft --config configs/sft_tiny.yaml
   dice sft --config configs/sft_tiny.yaml train.steps=100 optimizer.lr=1e-3 run_dir=/tmp/sft
@@ -28,110 +28,32 @@ The run directory gets checkpoints/ (orbax; a rerun of the same command resumes 
 tensorboard/ (event files), metrics.jsonl, config.yaml (the resolved config) and, at the end,
 hf/ (the model in Hugging Face layout, the input of `dice train`).
 
-exit codes: 0 done, 2 bad config/data/model dir, 3 loss diverged, 4 checkpoint mismatch,
-75 stopped (SIGTERM/preemption) after saving a checkpoint, 130 Ctrl-C after saving.
 """
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
-  parser = subparsers.add_parser(
-      "sft", help="supervised fine-tuning on prompt/response JSON/JSONL (masked diffusion)",
-      description="Fine-tune a diffusion LM (SDAR two-copy block diffusion, or the LLaDA masked "
-                  "ELBO) on prompt/response or chat-message examples. Resumes from the latest "
-                  "checkpoint of its run directory.",
-      epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser = add_command(subparsers, "sft", HELP, DESCRIPTION, EXAMPLES, training.CODES, **training.WORDING)
   parser.add_argument("--config", required=True, metavar="YAML",
                       help="config file (see configs/sft_*.yaml); sections: model, data, train, "
                            "optimizer, mesh, distributed, checkpoint, logging")
-  parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
-                      help="dotted overrides applied after the file, e.g. optimizer.lr=1e-5 "
-                           "model.path=/ckpt train.steps=200 (values are YAML: [a,b], null, 1e-6)")
-  parser.add_argument("--print-config", action="store_true",
-                      help="print the resolved config as YAML and exit without training")
-  parser.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"),
-                      help="Python logging level on stderr (default: INFO)")
+  training.add_run_flags(parser, "optimizer.lr=1e-5 model.path=/ckpt train.steps=200")
   return parser
 
 
-class _StopFlag:
-  """Set by SIGTERM (and the first Ctrl-C) while installed; the loop saves and returns.
-
-  Single-process runs only: processes of a pod would see the signal at different steps, and
-  JAX's own preemption notice (synchronised by jax.distributed, honoured through orbax's
-  `reached_preemption`) must keep its SIGTERM handler. `enabled=False` installs nothing.
-  """
-
-  def __init__(self, enabled: bool = True):
-    self.enabled = enabled
-    self.signal: int | None = None
-    self._previous = {}
-
-  def __call__(self) -> bool:
-    return self.signal is not None
-
-  def _handle(self, signum, frame):
-    del frame
-    self.signal = signum
-    signal.signal(signal.SIGINT, signal.default_int_handler)  # a second Ctrl-C: stop now
-    logging.getLogger(__name__).warning("signal %d: saving a checkpoint, then stopping", signum)
-
-  def __enter__(self) -> _StopFlag:
-    if self.enabled and threading.current_thread() is threading.main_thread():
-      for signum in (signal.SIGTERM, signal.SIGINT):
-        self._previous[signum] = signal.signal(signum, self._handle)
-    return self
-
-  def __exit__(self, *exc) -> None:
-    for signum, handler in self._previous.items():
-      signal.signal(signum, handler)
-
-
 def run(args: argparse.Namespace) -> int:
-  logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-                      stream=sys.stderr)
-  logging.getLogger("absl").setLevel(max(logging.WARNING, logging.getLevelName(args.log_level)))
-  from dice_jax.config import ConfigError, load_config, to_dict  # deferred: `dice --help` stays fast
+  training.configure_logging(args.log_level, quiet=("absl",))
 
-  try:
-    from dice_jax.train.sft_loop import SFTConfig
+  def load():
+    from dice_jax.config import load_config  # pylint: disable=import-outside-toplevel
+    from dice_jax.train.sft_loop import SFTConfig  # pylint: disable=import-outside-toplevel
+    return load_config(SFTConfig, args.config, args.overrides)
 
-    cfg = load_config(SFTConfig, args.config, args.overrides)
-  except ConfigError as e:
-    print(f"dice sft: config error: {e}", file=sys.stderr)
-    return EXIT_USAGE
-  if args.print_config:
-    import yaml
+  cfg, code = training.resolve("dice sft", load, args.print_config)
+  if cfg is None:
+    return code
+  from dice_jax.data.sft_data import SFTDataError  # pylint: disable=import-outside-toplevel
+  from dice_jax.distributed import launcher  # pylint: disable=import-outside-toplevel
+  from dice_jax.train.sft_loop import run_sft  # pylint: disable=import-outside-toplevel
 
-    print(yaml.safe_dump(to_dict(cfg), sort_keys=False), end="")
-    return EXIT_OK
-  return _train(cfg)
-
-
-def _train(cfg) -> int:
-  from dice_jax.checkpoints import CheckpointError
-  from dice_jax.config import ConfigError
-  from dice_jax.data.sft_data import SFTDataError
-  from dice_jax.distributed import launcher
-  from dice_jax.model.config import UnsupportedModelError
-  from dice_jax.model.hf_io import CheckpointError as HFCheckpointError
-  from dice_jax.train.sft_loop import TrainingDiverged, run_sft
-
-  try:
-    with _StopFlag(enabled=launcher(cfg.distributed) is None) as stop:
-      result = run_sft(cfg, should_stop=stop)
-  except (ConfigError, SFTDataError, UnsupportedModelError, FileNotFoundError) as e:
-    print(f"dice sft: {e}", file=sys.stderr)
-    return EXIT_USAGE
-  except TrainingDiverged as e:
-    print(f"dice sft: training diverged: {e}", file=sys.stderr)
-    return EXIT_DIVERGED
-  except (CheckpointError, HFCheckpointError) as e:
-    print(f"dice sft: checkpoint error: {e}", file=sys.stderr)
-    return EXIT_CHECKPOINT
-  if result.status == "done":
-    where = f"; model in Hugging Face layout: {result.hf_dir}" if result.hf_dir else ""
-    print(f"dice sft: done at step {result.step} in {result.run_dir}{where}", file=sys.stderr)
-    return EXIT_OK
-  print(f"dice sft: {result.status} at step {result.step} (checkpoint saved); run the same "
-        f"command to resume", file=sys.stderr)
-  return EXIT_INTERRUPTED if stop.signal == signal.SIGINT else EXIT_PREEMPTED
+  return training.run("dice sft", run_sft, cfg, StopFlag(enabled=launcher(cfg.distributed) is None),
+                      usage_errors=(SFTDataError,))

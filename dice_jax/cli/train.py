@@ -3,25 +3,29 @@
 With no `--config` it runs the built-in `tiny` default (dice_jax.rl.config.RLConfig(); also
 configs/tiny.yaml): a tiny random model, the bundled problems and a verifier started on loopback.
 
-Exit codes: 0 finished; 2 bad command line, config, data file or model directory (nothing was
-trained); 3 the loss diverged (NaN/inf); 4 a checkpoint does not match the config; 5 the verifier
-could not be started or reached; 75 stopped by SIGTERM or a preemption notice after saving a
-checkpoint (run the same command to resume); 130 interrupted by Ctrl-C after saving a checkpoint.
+Exit codes (dice_jax.cli.exit_codes): 0 finished; 2 bad command line, config, data file or model
+directory (nothing was trained); 4 the verifier could not be started or reached; 5 the loss
+diverged (NaN/inf); 6 a checkpoint does not match the config; 75 stopped by SIGTERM or a
+preemption notice after saving a checkpoint (run the same command to resume); 130 interrupted by
+Ctrl-C after saving a checkpoint.
 """
 
 from __future__ import annotations
 
 import argparse
-import logging
-import signal
 import sys
 
-from dice_jax.cli.sft import _StopFlag
+from dice_jax.cli import training
+from dice_jax.cli.exit_codes import Exit, add_command
+from dice_jax.cli.signals import StopFlag
 
-EXIT_OK, EXIT_USAGE, EXIT_DIVERGED, EXIT_CHECKPOINT, EXIT_VERIFIER, EXIT_PREEMPTED, EXIT_INTERRUPTED = (
-    0, 2, 3, 4, 5, 75, 130)
-
-_EPILOG = """\
+CODES = (*training.CODES[:2], Exit.VERIFIER, *training.CODES[2:])
+WORDING = dict(training.WORDING, VERIFIER="verifier could not be started or reached")
+HELP = "bi-phase RL on verifier rewards (no --config: the built-in tiny run)"
+DESCRIPTION = ("Reinforcement learning of a diffusion LM on CUDA-kernel problems (DICE's bi-phase recipe: infilling, "
+               "then end to end), rewarded by a dice-verifier farm. Resumes from the latest checkpoint of its run "
+               "directory.")
+EXAMPLES = """\
 examples:
   dice train                                    # the built-in tiny run (CPU laptop, a few minutes)
   dice train rollout.gen_length=64 train.steps=10 run_dir=/tmp/tiny
@@ -33,29 +37,16 @@ The run directory gets checkpoints/ (orbax; the same command resumes from the la
 metrics.jsonl (`dice plot RUN_DIR` draws it), config.yaml (the resolved config), verifier.log (a
 local verifier's log) and, at the end, hf/ (the policy in Hugging Face layout).
 
-exit codes: 0 done, 2 bad config/data/model dir, 3 loss diverged, 4 checkpoint mismatch,
-5 verifier unreachable, 75 stopped (SIGTERM/preemption) after saving, 130 Ctrl-C after saving.
 """
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
-  parser = subparsers.add_parser(
-      "train", help="bi-phase RL on verifier rewards (no --config: the built-in tiny run)",
-      description="Reinforcement learning of a diffusion LM on CUDA-kernel problems (DICE's bi-phase recipe: "
-                  "infilling, then end to end), rewarded by a dice-verifier farm. Resumes from the latest "
-                  "checkpoint of its run directory.",
-      epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser = add_command(subparsers, "train", HELP, DESCRIPTION, EXAMPLES, CODES, **WORDING)
   parser.add_argument("--config", metavar="YAML",
                       help="config file (configs/tiny.yaml, configs/dice_sdar_*.yaml); default: the built-in "
                            "tiny run. Sections: model, data, rollout, algo, train, curriculum, rewards, verifier, "
                            "pipeline, optimizer, mesh, distributed, checkpoint, logging")
-  parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
-                      help="dotted overrides applied after the file, e.g. train.steps=20 algo.logprob=coupled "
-                           "verifier.targets=[host:50051] (values are YAML: [a,b], null, 1e-6)")
-  parser.add_argument("--print-config", action="store_true",
-                      help="print the resolved config as YAML and exit without training")
-  parser.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"),
-                      help="Python logging level on stderr (default: INFO)")
+  training.add_run_flags(parser, "train.steps=20 algo.logprob=coupled verifier.targets=[host:50051]")
   return parser
 
 
@@ -70,61 +61,26 @@ def load(config_path: str | None, overrides: list[str]):
 
 
 def run(args: argparse.Namespace) -> int:
-  logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-                      stream=sys.stderr)
-  for noisy in ("absl", "jax"):  # orbax's and JAX's start-up chatter (e.g. "no TPU backend")
-    logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLevelName(args.log_level)))
-  from dice_jax.config import ConfigError, to_dict  # deferred: `dice --help` stays fast
+  training.configure_logging(args.log_level, quiet=("absl", "jax"))
+  cfg, code = training.resolve("dice train", lambda: load(args.config, args.overrides), args.print_config,
+                               where=f"{args.config}: " if args.config else "")
+  if cfg is None:
+    return code
+  from dice_jax.data.problems import ProblemLoadError  # pylint: disable=import-outside-toplevel
+  from dice_jax.rl.loop import run_rl  # pylint: disable=import-outside-toplevel
+  from dice_jax.verifier.connect import UNAVAILABLE  # pylint: disable=import-outside-toplevel
 
-  try:
-    cfg = load(args.config, args.overrides)
-  except ConfigError as e:
-    where = f"{args.config}: " if args.config else ""
-    print(f"dice train: config error: {where}{e}", file=sys.stderr)
-    return EXIT_USAGE
-  if args.print_config:
-    import yaml
-
-    print(yaml.safe_dump(to_dict(cfg), sort_keys=False), end="")
-    return EXIT_OK
-  return _train(cfg)
+  return training.run("dice train", run_rl, cfg, StopFlag(), usage_errors=(ProblemLoadError,),
+                      errors={UNAVAILABLE: (Exit.VERIFIER, "verifier: ")}, finished=_finished, exported="policy")
 
 
-def _train(cfg) -> int:
-  from dice_jax.checkpoints import CheckpointError
-  from dice_jax.config import ConfigError
-  from dice_jax.data.problems import ProblemLoadError
-  from dice_jax.eval.connect import VerifierUnreachable
-  from dice_jax.eval.local_verifier import LocalVerifierError
-  from dice_jax.model.config import UnsupportedModelError
-  from dice_jax.model.hf_io import CheckpointError as HFCheckpointError
-  from dice_jax.rl.loop import TrainingDiverged, run_rl
-  from dice_jax.rl.summary import print_summary
+def _finished(result) -> Exit | None:
+  """The per-phase summary table; a run that had nothing left to do says so and exits OK."""
+  from dice_jax.rl.summary import print_summary  # pylint: disable=import-outside-toplevel
 
-  try:
-    with _StopFlag() as stop:
-      result = run_rl(cfg, should_stop=stop)
-  except (ConfigError, ProblemLoadError, UnsupportedModelError, FileNotFoundError) as e:
-    print(f"dice train: {e}", file=sys.stderr)
-    return EXIT_USAGE
-  except (VerifierUnreachable, LocalVerifierError) as e:
-    print(f"dice train: verifier: {e}", file=sys.stderr)
-    return EXIT_VERIFIER
-  except TrainingDiverged as e:
-    print(f"dice train: training diverged: {e}", file=sys.stderr)
-    return EXIT_DIVERGED
-  except (CheckpointError, HFCheckpointError) as e:
-    print(f"dice train: checkpoint error: {e}", file=sys.stderr)
-    return EXIT_CHECKPOINT
   print_summary(result)
   if result.status == "done" and result.step == result.start_step:
     print(f"dice train: {result.run_dir} had already finished its {result.step} steps; nothing to do (raise "
           "train.steps=, or give another run_dir=)", file=sys.stderr)
-    return EXIT_OK
-  if result.status == "done":
-    where = f"; policy in Hugging Face layout: {result.hf_dir}" if result.hf_dir else ""
-    print(f"dice train: done at step {result.step} in {result.run_dir}{where}", file=sys.stderr)
-    return EXIT_OK
-  print(f"dice train: {result.status} at step {result.step} (checkpoint saved); run the same command to resume",
-        file=sys.stderr)
-  return EXIT_INTERRUPTED if stop.signal == signal.SIGINT else EXIT_PREEMPTED
+    return Exit.OK
+  return None

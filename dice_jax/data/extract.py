@@ -5,13 +5,13 @@ no fence at all, a whole file when only the CUDA string was asked for. Extractio
 any text: it returns an `Extraction` whose `failure` says why no candidate could be built (a
 "format" failure, scored by the format reward and never sent to the verifier).
 
-Phase 1 (infilling). The model is asked for the `source = '''...'''` assignment (DESIGN §3). We
-take *only* that assignment from the generation and grade `prefix + middle + suffix`, where the
-prefix and suffix are the problem's fixed scaffold. Whatever else the generation contains (its own
-`cpp_src`, `load_inline`, a `ModelNew` that calls torch) is dropped, so a generation that rewrites
-the scaffold cannot route around the kernel. The middle must be exactly one statement assigning a
-plain string literal to `source` (no f-string, no expression), checked with `ast`, so the middle
-cannot smuggle code into the graded file either. Where the assignment is found:
+Phase 1 (infilling). The model is asked for the `source = '''...'''` assignment (ARCHITECTURE.md,
+"Kernel format"). We take *only* that assignment from the generation and grade `prefix + middle +
+suffix`, where the prefix and suffix are the problem's fixed scaffold. Whatever else the generation
+contains (its own `cpp_src`, `load_inline`, a `ModelNew` that calls torch) is dropped, so a
+generation that rewrites the scaffold cannot route around the kernel. The middle must be exactly one
+statement assigning a plain string literal to `source` (no f-string, no expression), checked with
+`ast`, so the middle cannot smuggle code into the graded file either. Where the assignment is found:
   1. the last fenced block (complete blocks first, then a cut-off one) containing it;
   2. the generation's bare text, when it has no fenced block with it;
   3. otherwise a fenced block of raw CUDA (contains `__global__`, no triple quotes) is wrapped as

@@ -1,4 +1,4 @@
-"""Problems in KernelBench format (DESIGN §3) and loaders for the files they come in.
+"""Problems in KernelBench format (ARCHITECTURE.md, "Kernel format") and loaders for their files.
 
 A `Problem` is a PyTorch reference (`Model`, `get_inputs`, `get_init_inputs`). Phase-1 items also
 carry a known-good candidate split into `prefix` (imports), `middle` (the CUDA string assignment

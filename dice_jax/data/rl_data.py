@@ -32,7 +32,9 @@ try:
 except ImportError:  # the GPU image has no grain; see the module docstring
   grain = None
 
-ITEM_COLUMNS = ("problem_id", "phase", "level", "reference_source", "prefix", "suffix", "messages")
+# The item columns reward functions get (`**item_columns`; README.md, "Reward shaping"), and all of them.
+REWARD_COLUMNS = ("problem_id", "phase", "level", "reference_source", "prefix", "suffix")
+ITEM_COLUMNS = (*REWARD_COLUMNS, "messages")
 Backend = Literal["auto", "grain", "numpy"]
 _log = logging.getLogger(__name__)
 
@@ -53,14 +55,15 @@ def make_item(problem: Problem, phase: int, *, infilling: prompts.PromptTemplate
   }
 
 
-def collate(items: Sequence[Mapping[str, Any]], repeat: int = 1) -> dict[str, list[Any]]:
-  """Items → columns (`{"phase": [1, 1, 2], ...}`), the `**item_columns` of reward functions.
+def collate(items: Sequence[Mapping[str, Any]], repeat: int = 1,
+            keys: Sequence[str] = ITEM_COLUMNS) -> dict[str, list[Any]]:
+  """Items → columns (`{"phase": [1, 1, 2], ...}`); with `keys=REWARD_COLUMNS`, the
+  `**item_columns` of reward functions.
 
   `repeat=G` repeats each item's values G times in a row, matching G completions per prompt.
   """
   if repeat < 1:
     raise ValueError(f"repeat must be >= 1, got {repeat}")
-  keys = items[0] if items else ITEM_COLUMNS
   return {key: [item[key] for item in items for _ in range(repeat)] for key in keys}
 
 

@@ -35,7 +35,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from dice_jax.config import require
+from dice_jax.config import require, require_file
 
 log = logging.getLogger(__name__)
 
@@ -63,8 +63,7 @@ class SFTDataConfig:
     require(len(self.train_files) > 0, "train_files", "at least one JSON/JSONL file is required")
     for i, path in enumerate(self.train_files):
       if not path.startswith(BUNDLED_PREFIX):
-        require(os.path.isfile(os.path.expanduser(path)), f"train_files[{i}]",
-                f"file not found: {path!r}")
+        require_file(path, f"train_files[{i}]")
     require(self.max_length > 1, "max_length", f"must be > 1, got {self.max_length}")
     require(self.batch_size > 0, "batch_size", f"must be > 0, got {self.batch_size}")
 

@@ -77,16 +77,3 @@ def masked_diffusion_loss_from_hidden(x_BxLxD: jax.Array, head_DxV: jax.Array, t
   loss, nll_BxL = chunked_xent.weighted_token_nll(x_BxLxD, head_DxV, targets_BxL, weights_BxL,
                                                   chunk_tokens=chunk_tokens)
   return loss, _metrics(loss, nll_BxL, masked_BxL, response_BxL)
-
-
-def block_diffusion_loss(logits: jax.Array, targets_BxL: jax.Array, masked_BxL: jax.Array, t_B: jax.Array,
-                         response_BxL: jax.Array, *, normalize: str = "tokens"
-                         ) -> tuple[jax.Array, dict[str, jax.Array]]:
-  """SDAR's objective from two-copy logits: B x 2L x V, or the noisy half only (B x L x V)."""
-  length = targets_BxL.shape[1]
-  if logits.shape[1] == 2 * length:
-    logits = logits[:, :length]
-  elif logits.shape[1] != length:
-    raise ValueError(f"two-copy logits must cover 2L={2 * length} or the noisy L={length} positions, "
-                     f"got {logits.shape[1]}")
-  return masked_diffusion_loss(logits, targets_BxL, masked_BxL, t_B, response_BxL, normalize=normalize)

@@ -21,8 +21,8 @@ from dice_jax.eval import records
 from dice_jax.eval.metrics import ProblemScores
 from dice_jax.eval.store import VerdictStore, item_key
 from dice_jax.rewards.candidates import format_verdict
-from dice_jax.rewards.client import VerifyItem
-from dice_jax.rewards.sync_client import VerifierClient
+from dice_jax.verifier.client import VerifyItem
+from dice_jax.verifier.sync_client import VerifierClient
 
 
 @dataclasses.dataclass(frozen=True)

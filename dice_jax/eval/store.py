@@ -18,7 +18,7 @@ from typing import Any
 
 from dice.verifier.v1 import verifier_pb2 as pb
 from dice_jax.eval import records
-from dice_jax.rewards.client import VerifyItem, cache_key
+from dice_jax.verifier.client import VerifyItem, cache_key
 
 _log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """Generating kernels with a trained model: `KernelGenerator` (verified best-of-N for a user's
-PyTorch module), prompts with target architecture, precision and statically read input shapes,
-and the batched completion model shared with `dice eval --model`."""
+PyTorch module), prompts with target architecture, precision and statically read input shapes.
+The batched completion model it shares with `dice eval --model` is dice_jax.sampler.completion."""
 
 from dice_jax.generation.generator import GenerationResult, KernelGenerator
 from dice_jax.generation.ranking import Candidate

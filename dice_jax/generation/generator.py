@@ -29,15 +29,16 @@ from dice.verifier.v1 import verifier_pb2 as pb
 from dice_jax.data import extract
 from dice_jax.data import prompts
 from dice_jax.data.problems import check_reference
-from dice_jax.eval import connect as connect_lib
 from dice_jax.generation import arch as arch_lib
 from dice_jax.generation import prompting
-from dice_jax.generation.completion import CompletionModel, DecodeSettings
+from dice_jax.sampler.completion import CompletionModel
+from dice_jax.sampler.config import DICE_SAMPLING, SamplerConfig
 from dice_jax.generation.ranking import INJECTED, SAMPLE, Candidate, best_compiled, best_verified, rank
 from dice_jax.rewards.candidates import format_verdict
-from dice_jax.rewards.client import VerifyItem
-
-PRECISIONS = {"fp32": pb.FP32, "fp16": pb.FP16, "bf16": pb.BF16}
+from dice_jax.verifier import connect as connect_lib
+from dice_jax.verifier.client import VerifyItem
+from dice_jax.verifier.defaults import EVALUATION
+from dice_jax.verifier.options import precision_enum
 # Sent in description-only mode: passes the verifier's static reference check, so candidates are
 # compiled, and fails when built, so no candidate is ever run against it or reported correct.
 PLACEHOLDER_REFERENCE = '''\
@@ -139,19 +140,20 @@ class KernelGenerator:
 
   def __init__(self, model: str | os.PathLike[str] | CompletionModel, *,
                verifier: str | connect_lib.Connection = connect_lib.LOCAL, arch: str | None = None,
-               precision: str = "fp32", decode: DecodeSettings = DecodeSettings(),
+               precision: str = "fp32", decode: SamplerConfig = DICE_SAMPLING,
                template: prompts.PromptTemplate = prompts.END_TO_END,
                description_template: prompts.PromptTemplate = prompting.DESCRIPTION,
-               options: pb.VerifyOptions | None = None, connect_timeout_s: float = 5.0):
+               options: pb.VerifyOptions | None = None,
+               connect_timeout_s: float = EVALUATION.connect_timeout_s):
     """`verifier`: HOST:PORT (comma-separated for several), "local" (a loopback server started
-    here), or an open Connection. `arch`: None means the verifier's GPU. `options`: verifier
-    options (trials, tolerances); precision is set from `precision`."""
-    if precision not in PRECISIONS:
-      raise ValueError(f"precision must be one of {sorted(PRECISIONS)}, got {precision!r}")
+    here), or an open Connection. `arch`: None means the verifier's GPU. `decode`: how to sample
+    (a dj.SamplerConfig; default DICE's rollout settings). `options`: verifier options (trials,
+    tolerances); precision is set from `precision`."""
+    precision_value = precision_enum(precision)  # an unknown precision fails before anything starts
     if arch is not None:
       arch_lib.parse(arch)  # an unknown architecture fails before anything is started
     self._owns_connection = not isinstance(verifier, connect_lib.Connection)
-    self.connection = (connect_lib.connect(verifier, connect_timeout_s=connect_timeout_s)
+    self.connection = (connect_lib.connect(verifier, use=EVALUATION, connect_timeout_s=connect_timeout_s)
                        if self._owns_connection else verifier)
     try:
       nvcc = [i.environment.nvcc_version for i in self.connection.info.values()]
@@ -165,7 +167,7 @@ class KernelGenerator:
       self.options = pb.VerifyOptions()
       if options is not None:
         self.options.CopyFrom(options)
-      self.options.precision = PRECISIONS[precision]
+      self.options.precision = precision_value
       self.model = model if isinstance(model, CompletionModel) else CompletionModel(model)
     except BaseException:
       self.close()

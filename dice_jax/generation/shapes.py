@@ -1,8 +1,8 @@
 """Input shapes and dtypes of a KernelBench reference, read statically from `get_inputs`' source.
 
-Decision: static, without torch. dice_jax never imports torch (DESIGN §2), and asking the verifier
-would execute the user's reference on a GPU box just to write a prompt. KernelBench references
-build their inputs from module-level constants and torch factory calls
+Decision: static, without torch. dice_jax never imports torch (ARCHITECTURE.md), and asking the
+verifier would execute the user's reference on a GPU box just to write a prompt. KernelBench
+references build their inputs from module-level constants and torch factory calls
 (`torch.randn(batch_size, dim)`, `torch.randint(0, 10, (n,))`, `torch.rand(...).half()`), which a
 small evaluator over the AST covers: numbers, strings, tuples and lists, arithmetic, names bound
 earlier at module level or in `get_inputs`, and the factories below. Anything else (a helper

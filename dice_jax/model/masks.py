@@ -1,4 +1,4 @@
-"""Attention masks (DESIGN section 4) as a small pytree that the attention layer dispatches on.
+"""Attention masks as a small pytree that the attention layer dispatches on.
 
 Kinds (Q = number of queries, K = number of keys; True = may attend):
 - `bidirectional`: every query sees every key (LLaDA, Dream). Optional `kv_lengths_B`: keys at or

@@ -12,8 +12,8 @@ from collections.abc import Sequence
 
 from dice.verifier.v1 import verifier_pb2 as pb
 from dice_jax.data import extract
-from dice_jax.rewards.client import VerifyItem
-from dice_jax.rewards.sync_client import VerifierClient
+from dice_jax.verifier.client import VerifyItem
+from dice_jax.verifier.sync_client import VerifierClient
 
 
 def format_verdict(failure: str) -> pb.Verdict:

@@ -1,4 +1,5 @@
-"""The shipped reward functions and presets; `RewardConfig` selects and tunes them from a config file.
+"""The shipped reward functions and presets; `RewardConfig` selects and tunes them: the library's
+argument and `dice train`'s `rewards` config section (one type).
 
 Functions (each `fn(prompts, completions, verdicts, **item_columns) -> list[float]`):
   format       1 if the generation holds the code we asked for and it parses (phase 1: the
@@ -23,19 +24,26 @@ Presets:
                 speedup term; hacks zeroed.
   compile_only  format 0.2 + compile 1.0, and NO_GPU verdicts count (they are excluded by the
                 other presets): for verifiers without a GPU, such as the `tiny` config on a laptop.
-                It is never evidence of correctness; `preset_for_servers` picks it when no
-                verifier target reports a GPU.
+                It is never evidence of correctness.
+  auto          (`resolve_preset`) compile_only when no verifier target reports a GPU, else
+                default: `dice train`'s default, decided once the verifier has answered.
+
+`RewardConfig.custom` adds user functions by `module:function` (dice_jax.rewards.custom); `weights`
+and `normalize` apply to shipped and custom components alike.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping, Sequence
-from typing import Any, Literal
+from collections.abc import Sequence
+from typing import Literal
 
 from dice.verifier.v1 import verifier_pb2 as pb
+from dice_jax.config import require
 from dice_jax.data import extract
+from dice_jax.rewards import custom as custom_lib
+from dice_jax.rewards.custom import CustomReward
 from dice_jax.rewards.shaping import (DEFAULT_EXCLUDED, HackPolicy, RewardComponent, RewardFn,
                                       RewardShaper)
 
@@ -45,6 +53,8 @@ PRESET_WEIGHTS: dict[str, dict[str, float]] = {
     "dice_binary": {"correct": 1.0},
     "compile_only": {"format": 0.2, "compile": 1.0},
 }
+AUTO = "auto"
+SHIPPED = ("format", "compile", "correct", "speedup", "kernel_share")  # the functions below
 
 
 def compiled(verdict: pb.Verdict) -> bool:
@@ -101,27 +111,51 @@ def kernel_share_reward(prompts, completions, verdicts: Sequence[pb.Verdict], **
           for v in verdicts]
 
 
+def resolve_preset(preset: str, has_gpu: bool | None = None) -> Preset:
+  """The preset to use: `auto` is compile_only unless a verifier has a GPU, then default."""
+  if preset != AUTO:
+    return preset
+  if has_gpu is None:
+    raise ValueError("reward preset 'auto' depends on the verifier: give has_gpu")
+  return "default" if has_gpu else "compile_only"
+
+
 @dataclasses.dataclass(frozen=True)
 class RewardConfig:
-  """Reward settings (a config section). `weights`/`normalize` override the preset per component;
-  a weight of 0 keeps a component logged but out of the total."""
+  """Reward settings (the `rewards` section of `dice train`). `weights`/`normalize` override the
+  preset per component, shipped or custom; a weight of 0 keeps a component logged but out of the
+  total. `custom` adds user functions, in either form:
+    rewards.custom=[myrewards:short,myrewards:tidy]        # names `short`, `tidy`; weight 1.0 each
+    rewards.custom={short: {fn: "myrewards:short", weight: 0.1, normalize: group}}
+  """
 
-  preset: Preset = "default"
+  preset: Literal["auto", "default", "dice_binary", "compile_only"] = "default"
   weights: dict[str, float] = dataclasses.field(default_factory=dict)
   normalize: dict[str, str] = dataclasses.field(default_factory=dict)
   hack_mode: Literal["zero", "penalty", "ignore"] = "zero"
   hack_penalty: float = 1.0
   speedup_min_log2: float = -1.0
   speedup_max_log2: float = 2.0
+  custom: dict[str, CustomReward] = dataclasses.field(default_factory=dict)
 
   def __post_init__(self):
-    if self.preset not in PRESET_WEIGHTS:
-      raise ValueError(f"reward preset must be one of {sorted(PRESET_WEIGHTS)}, got {self.preset!r}")
-    known = set(_functions(self))
+    presets = [AUTO, *PRESET_WEIGHTS]
+    require(self.preset in presets, "preset", f"reward preset must be one of {presets}, got {self.preset!r}")
+    clash = sorted(set(self.custom) & set(SHIPPED))
+    require(not clash, "custom", f"names {clash} are taken by the shipped components")
+    known = sorted({*SHIPPED, *self.custom})
     for field in ("weights", "normalize"):
-      unknown = set(getattr(self, field)) - known
-      if unknown:
-        raise ValueError(f"rewards.{field}: unknown components {sorted(unknown)}; known: {sorted(known)}")
+      unknown = sorted(set(getattr(self, field)) - set(known))
+      require(not unknown, field, f"unknown components {unknown}; known: {known}")
+    for name, weight in self.weights.items():
+      require(math.isfinite(weight), f"weights.{name}", f"must be finite, got {weight}")
+    for name, mode in self.normalize.items():
+      require(mode in ("none", "batch", "group"), f"normalize.{name}", f"must be none, batch or group, got {mode!r}")
+
+  def custom_components(self) -> list[RewardComponent]:
+    """The `custom` functions, imported now (a bad path fails here, naming its key)."""
+    return [RewardComponent(name, custom_lib.load(spec.fn, name), self.weights.get(name, spec.weight),
+                            self.normalize.get(name, spec.normalize)) for name, spec in self.custom.items()]
 
 
 def _functions(config: RewardConfig) -> dict[str, RewardFn]:
@@ -130,24 +164,21 @@ def _functions(config: RewardConfig) -> dict[str, RewardFn]:
           "kernel_share": kernel_share_reward}
 
 
-def make_shaper(config: RewardConfig = RewardConfig(),
-                extra: Sequence[RewardComponent] = ()) -> RewardShaper:
-  """The preset's components with the config's overrides, plus user components in `extra`."""
+def make_shaper(config: RewardConfig = RewardConfig(), extra: Sequence[RewardComponent] = (), *,
+                has_gpu: bool | None = None) -> RewardShaper:
+  """The preset's components with the config's overrides, then the config's custom functions, then
+  `extra`. `has_gpu` (whether a verifier has one) decides the `auto` preset."""
+  preset = resolve_preset(config.preset, has_gpu)
   functions = _functions(config)
-  weights = PRESET_WEIGHTS[config.preset] | config.weights
+  weights = PRESET_WEIGHTS[preset] | {k: v for k, v in config.weights.items() if k in functions}
   components = [RewardComponent(name, functions[name], weight, config.normalize.get(name, "none"))
                 for name, weight in weights.items()]
-  exclude = DEFAULT_EXCLUDED - {pb.NO_GPU} if config.preset == "compile_only" else DEFAULT_EXCLUDED
+  exclude = DEFAULT_EXCLUDED - {pb.NO_GPU} if preset == "compile_only" else DEFAULT_EXCLUDED
   hack = HackPolicy(mode=config.hack_mode, penalty=config.hack_penalty)
-  return RewardShaper([*components, *extra], hack=hack, exclude=exclude)
+  return RewardShaper([*components, *config.custom_components(), *extra], hack=hack, exclude=exclude)
 
 
 def preset(name: Preset) -> RewardShaper:
   """A preset with its default settings: `preset("dice_binary")`."""
   return make_shaper(RewardConfig(preset=name))
 
-
-def preset_for_servers(infos: Mapping[str, Any]) -> Preset:
-  """"compile_only" unless some reachable verifier reports a GPU, then "default"."""
-  has_gpu = any(isinstance(info, pb.ServerInfo) and len(info.gpus) > 0 for info in infos.values())
-  return "default" if has_gpu else "compile_only"

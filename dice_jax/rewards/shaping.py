@@ -1,4 +1,4 @@
-"""Reward shaping: the library API users write rewards against (DESIGN §5).
+"""Reward shaping: the library API users write rewards against (README.md, "Reward shaping").
 
 A reward function is a plain callable
 
@@ -199,7 +199,7 @@ def _summary(raw: Mapping[str, np.ndarray], total: np.ndarray, valid: np.ndarray
 
 
 def _metrics(raw, total, valid, hacked, verdicts, phases) -> dict[str, float]:
-  """Batch metrics, and the same per phase when a `phase` column is given (DESIGN §5)."""
+  """Batch metrics, and the same per phase when a `phase` column is given."""
   metrics = _summary(raw, total, valid, hacked, verdicts, "")
   if phases is not None:
     phases = np.asarray(phases)

@@ -12,17 +12,21 @@ curriculum, rewards, verifier, pipeline, optimizer, mesh, distributed, checkpoin
 from __future__ import annotations
 
 import dataclasses
-import os
 from typing import Literal
 
+from dice.verifier.v1 import verifier_pb2 as pb
 from dice_jax.checkpoints import CheckpointConfig
-from dice_jax.config import require
+from dice_jax.config import require, require_file
 from dice_jax.data.problems import ProblemLoadError, check_source
 from dice_jax.distributed import DistributedConfig, MeshConfig
 from dice_jax.metrics_log import LoggingConfig
-from dice_jax.rewards.defaults import PRESET_WEIGHTS
+from dice_jax.rewards.defaults import RewardConfig
+from dice_jax.rl.update import AlgoSection
+from dice_jax.sampler.config import MODES, SamplerConfig
 from dice_jax.train.model_setup import ModelSection
 from dice_jax.train.optim import OptimizerConfig
+from dice_jax.verifier.defaults import PRECISION_NAMES, TRAINING
+from dice_jax.verifier.options import verify_options
 
 BUILTIN_TEMPLATE_PREFIX = "builtin:"
 
@@ -73,68 +77,36 @@ class DataSection:
     for key in ("infilling_template", "end_to_end_template"):
       value = getattr(self, key)
       if value is not None and not value.startswith(BUILTIN_TEMPLATE_PREFIX):
-        require(os.path.isfile(os.path.expanduser(value)), key, f"file not found: {value!r}")
+        require_file(value, key)
       if value is not None and value.startswith(BUILTIN_TEMPLATE_PREFIX):
         require(value == "builtin:compact", key, f"unknown built-in template {value!r} (have: builtin:compact)")
 
 
 @dataclasses.dataclass(frozen=True)
-class RolloutSection:
-  """How responses are sampled (dice_jax.sampler.SamplerConfig) and how many per step."""
+class RolloutSection(SamplerConfig):
+  """How responses are sampled and how many per step.
+
+  A dice_jax.sampler.SamplerConfig (every key of it, the same knobs as `dice eval`/`dice generate`
+  flags; only two defaults differ) plus the rollout batch. `eos_ids: null` stops at the model's,
+  the tokenizer's and the chat end-of-turn ids.
+  """
+  gen_length: int = 32  # new tokens; DICE: 4096
+  mode: Literal[MODES] = "dynamic"  # DICE's: commit every token with confidence >= threshold
   prompts_per_step: int = 2  # DICE: 64
   group_size: int = 4  # responses per prompt (G); DICE: 16
   # Rows per sampler call (a multiple of the data x fsdp devices); null: all rows in one call.
   batch_size: int | None = None
-  gen_length: int = 32  # new tokens; DICE: 4096
-  steps_per_block: int | None = None  # null: block_size (DICE: 4)
-  mode: Literal["static", "dynamic"] = "dynamic"
-  threshold: float = 0.9
-  temperature: float = 1.0
-  top_k: int = 0
-  top_p: float = 1.0
-  block_size: int | None = None  # bidirectional models only (block models use their own)
-  kv_cache: bool = True
   seed: int = 0
 
   def __post_init__(self):
-    for key in ("prompts_per_step", "group_size", "gen_length"):
+    super().__post_init__()
+    for key in ("prompts_per_step", "group_size"):
       require(getattr(self, key) > 0, key, f"must be > 0, got {getattr(self, key)}")
     require(self.group_size >= 2, "group_size", f"group advantages need >= 2 responses per prompt, got "
             f"{self.group_size}")
     rows = self.prompts_per_step * self.group_size
     require(self.batch_size is None or (self.batch_size > 0 and rows % self.batch_size == 0), "batch_size",
             f"must divide prompts_per_step x group_size = {rows}, got {self.batch_size}")
-    require(self.temperature > 0, "temperature", f"must be > 0, got {self.temperature}")
-    require(0 < self.top_p <= 1, "top_p", f"must be in (0, 1], got {self.top_p}")
-    require(self.top_k >= 0, "top_k", f"must be >= 0, got {self.top_k}")
-
-
-@dataclasses.dataclass(frozen=True)
-class AlgoSection:
-  """The update's estimators and loss, each chosen by name from its registry (dice_jax.rl)."""
-  advantage: Literal["grpo", "drgrpo", "rloo"] = "grpo"
-  logprob: Literal["trace", "one_step", "coupled"] = "trace"
-  loss: Literal["clipped", "unclipped"] = "clipped"
-  clip_eps: float = 0.2
-  clip_eps_high: float | None = None  # null: clip_eps (symmetric)
-  kl_beta: float = 0.01  # 0 turns the KL term off
-  kl_reference: Literal["old", "reference"] = "old"  # k3 KL to the behaviour policy or the start model
-  # "Old" log-probs (the ratio's denominator): the sampler's recorded ones (trace only), or
-  # recomputed by the trainer's forward under the behaviour params (removes sampler/trainer
-  # numeric mismatch, e.g. bf16 cached decoding; costs one forward per rollout).
-  old_logprobs: Literal["sampler", "recompute"] = "sampler"
-  norm_length: int | None = None  # the loss's constant length normaliser; null: rollout.gen_length
-  prompt_mask_prob: float = 0.15  # one_step (d1): probability of masking each prompt token
-
-  def __post_init__(self):
-    require(0 < self.clip_eps < 1, "clip_eps", f"must be in (0, 1), got {self.clip_eps}")
-    require(self.clip_eps_high is None or self.clip_eps_high > 0, "clip_eps_high",
-            f"must be > 0, got {self.clip_eps_high}")
-    require(self.kl_beta >= 0, "kl_beta", f"must be >= 0, got {self.kl_beta}")
-    require(self.norm_length is None or self.norm_length > 0, "norm_length", f"must be > 0, got {self.norm_length}")
-    require(0 <= self.prompt_mask_prob < 1, "prompt_mask_prob", f"must be in [0, 1), got {self.prompt_mask_prob}")
-    require(self.logprob == "trace" or self.old_logprobs == "recompute", "old_logprobs",
-            f"the sampler records trace log-probs only; logprob={self.logprob!r} needs old_logprobs=recompute")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -173,63 +145,15 @@ class CurriculumSection:
 
 
 @dataclasses.dataclass(frozen=True)
-class CustomReward:
-  """A user reward function `fn(prompts, completions, verdicts, **item_columns) -> list[float]`.
-
-  The module is imported as Python would from the working directory (`dice train` run beside
-  `myrewards.py` finds it without PYTHONPATH; dice_jax.rl.rewarding).
-  """
-  fn: str  # "package.module:function"
-  weight: float = 1.0
-  normalize: Literal["none", "batch", "group"] = "none"
-
-  def __post_init__(self):
-    require(":" in self.fn, "fn", f"must be 'module:function', got {self.fn!r}")
-
-  @classmethod
-  def from_short(cls, item: str) -> tuple[str, dict[str, str]]:
-    """The list form `rewards.custom=[mymod:short]`: named after the function, weight 1.0, no
-    normalisation (`rewards.weights.short=0.1` and `rewards.normalize.short=group` change those)."""
-    return item.rpartition(":")[2].strip() or item, {"fn": item}
-
-
-@dataclasses.dataclass(frozen=True)
-class RewardsSection:
-  """dice_jax.rewards presets and overrides. `auto`: compile_only when no verifier target has a
-  GPU, else `default`.
-
-  `custom` adds user reward functions, in either form:
-    rewards.custom=[myrewards:short,myrewards:tidy]        # names `short`, `tidy`; weight 1.0 each
-    rewards.custom={short: {fn: "myrewards:short", weight: 0.1, normalize: group}}
-  `weights` and `normalize` apply to shipped and custom components alike (rewards.weights.short=0.1).
-  """
-  preset: Literal["auto", "default", "dice_binary", "compile_only"] = "auto"
-  weights: dict[str, float] = dataclasses.field(default_factory=dict)
-  normalize: dict[str, str] = dataclasses.field(default_factory=dict)
-  hack_mode: Literal["zero", "penalty", "ignore"] = "zero"
-  hack_penalty: float = 1.0
-  speedup_min_log2: float = -1.0
-  speedup_max_log2: float = 2.0
-  custom: dict[str, CustomReward] = dataclasses.field(default_factory=dict)
-
-  def __post_init__(self):
-    known = {name for weights in PRESET_WEIGHTS.values() for name in weights}
-    for key in ("weights", "normalize"):
-      unknown = sorted(set(getattr(self, key)) - known - set(self.custom))
-      require(not unknown, key, f"unknown reward components {unknown}; known: {sorted(known | set(self.custom))}")
-    clash = sorted(set(self.custom) & known)
-    require(not clash, "custom", f"names {clash} are taken by the shipped components")
-
-
-@dataclasses.dataclass(frozen=True)
 class VerifierSection:
   # `local` (a `dice-verifier serve` subprocess on loopback for this run) or HOST:PORT targets.
   targets: tuple[str, ...] = ("local",)
-  connect_timeout_s: float = 10.0
-  request_timeout_s: float = 900.0  # per request, send to verdict (compiles queue behind each other)
-  max_in_flight: int = 64
+  # Client timeouts and window: dice_jax.verifier.defaults.TRAINING says why these values.
+  connect_timeout_s: float = TRAINING.connect_timeout_s
+  request_timeout_s: float = TRAINING.request_timeout_s  # per request, send to verdict
+  max_in_flight: int = TRAINING.max_in_flight_per_stream
   auth_token_file: str | None = None
-  precision: Literal["fp32", "fp16", "bf16"] = "fp32"
+  precision: Literal[PRECISION_NAMES] = "fp32"
   num_correctness_trials: int = 0  # 0: the server's default
   atol: float = 0.0  # correctness tolerances; 0: the server's per-precision default (fp32 1e-4)
   rtol: float = 0.0
@@ -255,6 +179,11 @@ class VerifierSection:
     require(self.streams_per_target >= 1, "streams_per_target", f"must be >= 1, got {self.streams_per_target}")
     require((self.tls_client_cert_file is None) == (self.tls_client_key_file is None), "tls_client_cert_file",
             "and tls_client_key_file must be given together")
+
+  def options(self) -> pb.VerifyOptions:
+    """What every request of a run asks the verifier for (precision, trials, tolerances, timing)."""
+    return verify_options(precision=self.precision, trials=self.num_correctness_trials, atol=self.atol,
+                          rtol=self.rtol, skip_timing=self.skip_timing)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -285,7 +214,7 @@ class RLConfig:
   algo: AlgoSection = dataclasses.field(default_factory=AlgoSection)
   train: TrainSection = dataclasses.field(default_factory=TrainSection)
   curriculum: CurriculumSection = dataclasses.field(default_factory=CurriculumSection)
-  rewards: RewardsSection = dataclasses.field(default_factory=RewardsSection)
+  rewards: RewardConfig = dataclasses.field(default_factory=lambda: RewardConfig(preset="auto"))
   verifier: VerifierSection = dataclasses.field(default_factory=VerifierSection)
   pipeline: PipelineSection = dataclasses.field(default_factory=PipelineSection)
   optimizer: OptimizerConfig = dataclasses.field(

@@ -32,27 +32,25 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import yaml
 from flax import nnx
 
 from dice.verifier.v1 import verifier_pb2 as pb
 from dice_jax import distributed, sharding
 from dice_jax.checkpoints import Checkpointer
-from dice_jax.config import to_dict
+from dice_jax.config import to_yaml
+from dice_jax.data.rl_data import REWARD_COLUMNS, collate
 from dice_jax.metrics_log import MetricsLogger, truncate_jsonl
 from dice_jax.model import hf_io
+from dice_jax.rewards import defaults
 from dice_jax.rewards.shaping import RewardComponent
 from dice_jax.rl import rewarding, samples, setup, summary
 from dice_jax.rl.config import RLConfig
 from dice_jax.rl.curriculum import Curriculum
-from dice_jax.rl.rollout import InFlight, RolloutEngine, item_columns
+from dice_jax.rl.rollout import InFlight, RolloutEngine
 from dice_jax.train.optim import cast_floating
+from dice_jax.train.step import TrainingDiverged
 
 log = logging.getLogger(__name__)
-
-
-class TrainingDiverged(RuntimeError):
-  """The loss became NaN or infinite; the last good checkpoint is kept."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,13 +79,13 @@ def run_rl(cfg: RLConfig, *, should_stop: Callable[[], bool] = lambda: False,
   run_dir = os.path.abspath(os.path.expanduser(cfg.run_dir))
   distributed.initialize(cfg.distributed)
   primary = distributed.is_primary()
-  config_text = yaml.safe_dump(to_dict(cfg), sort_keys=False)
+  config_text = to_yaml(cfg)
   if primary:
     os.makedirs(run_dir, exist_ok=True)
     with open(os.path.join(run_dir, "config.yaml"), "w", encoding="utf-8") as f:
       f.write(config_text)
   with setup.Run(cfg, run_dir) as run:
-    shaper = rewarding.build_shaper(cfg.rewards, run.connection.has_gpu, reward_components)
+    shaper = defaults.make_shaper(cfg.rewards, reward_components, has_gpu=run.connection.has_gpu)
     log.info("verifier: %s; reward components: %s", run.connection.describe(),
              ", ".join(f"{c.name}x{c.weight:g}" for c in shaper.components))
     if not run.connection.has_gpu and pb.NO_GPU in shaper.exclude:
@@ -174,7 +172,7 @@ class _Loop:
 
   def _update(self, current: InFlight, verdicts, logger: MetricsLogger) -> dict[str, float]:
     g = self.cfg.rollout.group_size
-    columns = item_columns(current.items, g)
+    columns = collate(current.items, g, REWARD_COLUMNS)
     scored = rewarding.score(self.shaper, current.prompts, current.completions, verdicts, columns,
                              [i // g for i in range(len(current.completions))])
     if logger.enabled and self.cfg.logging.samples_per_phase:
@@ -182,8 +180,8 @@ class _Loop:
       samples.write_step(logger.run_dir, current.step + 1, rows, labels=scored.labels, verdicts=verdicts,
                          completions=current.completions, columns=columns, total=scored.result.total,
                          valid=scored.result.valid, components=scored.result.components)
-    batch = {**current.batch, "rewards": self.engine.reward_array(scored.result.total, "float32"),
-             "reward_valid": self.engine.reward_array(scored.result.valid, "bool")}
+    batch = current.batch.replace(rewards=self.engine.reward_array(scored.result.total, "float32"),
+                                  reward_valid=self.engine.reward_array(scored.result.valid, "bool"))
     batch = jax.device_put(batch, self.batch_sharding)
     self.state, device_metrics = self.run.compiled(self.state, batch)
     metrics = {k: float(v) for k, v in jax.device_get(device_metrics).items()}

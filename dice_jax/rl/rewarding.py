@@ -1,8 +1,8 @@
 """Verdicts -> rewards and reward metrics for one rollout, through the reward-shaping library API.
 
-The shaper is dice_jax.rewards' `make_shaper` (presets, per-component weights and normalisation,
-hack policy) plus the config's `rewards.custom` functions (`module:function`, imported here) plus
-any `RewardComponent`s a Python caller hands to `run_rl`. Every component is logged on its own
+The shaper is dice_jax.rewards.defaults.make_shaper of the `rewards` section (a RewardConfig:
+presets, per-component weights and normalisation, hack policy, the `rewards.custom` functions)
+plus any `RewardComponent`s a Python caller hands to `run_rl`. Every component is logged on its own
 (`reward/<name>`, `phase<p>/reward/<name>`). On top, per-row facts read from the verdicts give the
 console's rates: `compile`, `correct`, `speedup` (geometric mean over correct, timed kernels),
 `format` (code could be extracted), overall and per phase.
@@ -15,10 +15,7 @@ rows (the per-row facts are gathered).
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import math
-import os
-import sys
 from collections.abc import Sequence
 
 import jax
@@ -26,67 +23,8 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 from dice.verifier.v1 import verifier_pb2 as pb
-from dice_jax.config import ConfigError
 from dice_jax.rewards import defaults, outcomes
-from dice_jax.rewards.shaping import RewardComponent, RewardResult, RewardShaper
-from dice_jax.rl.config import RewardsSection
-
-
-def resolve_preset(section: RewardsSection, has_gpu: bool) -> str:
-  if section.preset != "auto":
-    return section.preset
-  return "default" if has_gpu else "compile_only"
-
-
-def _import_module(module_name: str):
-  """`module_name` as installed, else from the working directory (as `python -m` would find it).
-
-  Decision: the working directory is tried second and then stays on sys.path (so the module's own
-  sibling imports work): a user's `myrewards.py` is found without PYTHONPATH=., yet cannot shadow
-  an installed package of the same name.
-  """
-  try:
-    return importlib.import_module(module_name)
-  except ModuleNotFoundError as e:
-    top = module_name.split(".")[0]
-    cwd = os.getcwd()
-    if e.name != top or cwd in sys.path:
-      raise
-    sys.path.append(cwd)
-    return importlib.import_module(module_name)
-
-
-def _import(path: str, name: str):
-  module_name, _, attr = path.partition(":")
-  try:
-    fn = getattr(_import_module(module_name.strip()), attr.strip())
-  except (ImportError, AttributeError) as e:
-    raise ConfigError(f"rewards.custom.{name}.fn: cannot import {path!r} (from the installed "
-                      f"packages or {os.getcwd()}): {e}") from None
-  if not callable(fn):
-    raise ConfigError(f"rewards.custom.{name}.fn: {path!r} is not callable")
-  return fn
-
-
-def custom_components(section: RewardsSection) -> list[RewardComponent]:
-  """The config's `rewards.custom` functions, imported (a bad path fails here, before anything starts)."""
-  return [RewardComponent(name, _import(spec.fn, name), section.weights.get(name, spec.weight),
-                          section.normalize.get(name, spec.normalize)) for name, spec in section.custom.items()]
-
-
-def build_shaper(section: RewardsSection, has_gpu: bool, extra: Sequence[RewardComponent] = ()) -> RewardShaper:
-  """The run's RewardShaper: preset (`auto` resolved against the verifier) + custom + `extra`."""
-  custom = custom_components(section)
-  try:
-    base = defaults.RewardConfig(
-        preset=resolve_preset(section, has_gpu),
-        weights={k: v for k, v in section.weights.items() if k not in section.custom},
-        normalize={k: v for k, v in section.normalize.items() if k not in section.custom},
-        hack_mode=section.hack_mode, hack_penalty=section.hack_penalty,
-        speedup_min_log2=section.speedup_min_log2, speedup_max_log2=section.speedup_max_log2)
-    return defaults.make_shaper(base, extra=[*custom, *extra])
-  except ValueError as e:
-    raise ConfigError(f"rewards: {e}") from None
+from dice_jax.rewards.shaping import RewardResult, RewardShaper
 
 
 @dataclasses.dataclass(frozen=True)

@@ -30,14 +30,16 @@ from jax.experimental import multihost_utils
 
 from dice.verifier.v1 import verifier_pb2 as pb
 from dice_jax import distributed, sharding
+from dice_jax.data.rl_data import REWARD_COLUMNS, collate
 from dice_jax.model.tokenizer import Tokenizer
 from dice_jax.rewards.candidates import submit_completions
-from dice_jax.rewards.sync_client import VerifierClient
+from dice_jax.rl.batch import RLBatch
 from dice_jax.rl.config import RLConfig
 from dice_jax.rl.data import PromptBook
 from dice_jax.rl.logprobs import policy_logprobs
-from dice_jax.rl.scoring import ScoringSpec
-from dice_jax.sampler import SamplerConfig, generate
+from dice_jax.sampler.api import generate
+from dice_jax.sampler.config import Resolved, SamplerConfig
+from dice_jax.verifier.sync_client import VerifierClient
 
 
 @dataclasses.dataclass
@@ -45,7 +47,7 @@ class InFlight:
   """A sampled rollout whose verdicts may still be coming."""
   step: int
   items: list[dict[str, Any]]  # this process's prompts, one per group
-  batch: dict[str, jax.Array]  # global device arrays: everything the update needs but rewards
+  batch: RLBatch  # global device arrays: everything the update needs but rewards
   prompts: list[str]  # this process's rows: prompt text and completion
   completions: list[str]
   verdicts: concurrent.futures.Future  # list[pb.Verdict] of this process's rows
@@ -57,17 +59,13 @@ class InFlight:
   logprob_mismatch: float | None = None
 
 
-def item_columns(items: Sequence[dict[str, Any]], group_size: int) -> dict[str, list[Any]]:
-  """Item columns repeated per row (the `**item_columns` of reward functions)."""
-  keys = ("problem_id", "phase", "level", "reference_source", "prefix", "suffix")
-  return {k: [item[k] for item in items for _ in range(group_size)] for k in keys}
-
-
 def sampler_config(cfg: RLConfig, eos_ids: Sequence[int]) -> SamplerConfig:
-  r = cfg.rollout
-  return SamplerConfig(gen_length=r.gen_length, block_size=r.block_size, steps_per_block=r.steps_per_block,
-                       mode=r.mode, threshold=r.threshold, temperature=r.temperature, top_k=r.top_k, top_p=r.top_p,
-                       eos_ids=tuple(eos_ids), kv_cache=r.kv_cache)
+  """The run's sampling settings: the `rollout` section (a SamplerConfig) without its rollout-batch
+  keys, which are not the sampler's; `rollout.eos_ids: null` means `eos_ids` (see `eos_ids_for`)."""
+  fields = {f.name: getattr(cfg.rollout, f.name) for f in dataclasses.fields(SamplerConfig)}
+  if fields["eos_ids"] is None:
+    fields["eos_ids"] = tuple(eos_ids)
+  return SamplerConfig(**fields)
 
 
 def eos_ids_for(model_eos: int | None, tokenizer: Tokenizer) -> tuple[int, ...]:
@@ -82,7 +80,7 @@ def _global_numpy(x: jax.Array) -> np.ndarray:
 class RolloutEngine:
   """Samples, scores and submits one step's rollout; compiled programs are reused every step."""
 
-  def __init__(self, cfg: RLConfig, graphdef: nnx.GraphDef, spec: ScoringSpec, sampling: SamplerConfig,
+  def __init__(self, cfg: RLConfig, graphdef: nnx.GraphDef, spec: Resolved, sampling: SamplerConfig,
                mesh: jax.sharding.Mesh, tokenizer: Tokenizer, book: PromptBook, client: VerifierClient,
                options: pb.VerifyOptions, ref_params: Any = None):
     self.cfg, self.graphdef, self.spec, self.sampling = cfg, graphdef, spec, sampling
@@ -115,7 +113,8 @@ class RolloutEngine:
     t0 = time.perf_counter()
     ids, lengths = self.prompt_arrays(items)
     key = jax.random.fold_in(jax.random.key(self.cfg.rollout.seed), step)
-    chunks = []
+    chunks, finished, mismatch = [], [], []
+    algo = self.cfg.algo
     with jax.set_mesh(self.mesh):
       for c in range(self.rows // self.chunk):
         local = slice(c * self.local_chunk, (c + 1) * self.local_chunk)
@@ -123,40 +122,38 @@ class RolloutEngine:
         rollout = generate(self.graphdef, params, prompt, plen, jax.random.fold_in(key, c), self.sampling)
         keys = np.asarray(jax.random.key_data(jax.random.split(jax.random.fold_in(key, 1 << 20 | c), self.chunk)))
         mine = slice(jax.process_index() * self.local_chunk, (jax.process_index() + 1) * self.local_chunk)
-        part = {"prompt": prompt, "prompt_lengths": plen, "tokens": rollout.tokens, "valid": rollout.valid,
-                "commit_rank": rollout.commit_rank, "old_logp": rollout.logprobs,
-                "score_keys": self._put(keys[mine]), "lengths": rollout.lengths,
-                "finished": rollout.finished}
-        if self.cfg.algo.old_logprobs == "recompute":
-          part["old_logp"] = self._score(params, self.spec, self.cfg.algo.logprob, part,
-                                         self.cfg.algo.prompt_mask_prob)[0]
-          part["mismatch"] = jnp.sum(jnp.abs(part["old_logp"] - rollout.logprobs) * rollout.valid)
+        part = RLBatch(prompt=prompt, prompt_lengths=plen, tokens=rollout.tokens, valid=rollout.valid,
+                       commit_rank=rollout.commit_rank, old_logp=rollout.logprobs, score_keys=self._put(keys[mine]))
+        if algo.old_logprobs == "recompute":
+          part = part.replace(old_logp=self._score(params, self.spec, algo.logprob, part, algo.prompt_mask_prob)[0])
+          mismatch.append(jnp.sum(jnp.abs(part.old_logp - rollout.logprobs) * rollout.valid))
         if self.ref_params is not None:
-          part["ref_logp"] = self._score(self.ref_params, self.spec, self.cfg.algo.logprob, part,
-                                         self.cfg.algo.prompt_mask_prob)[0]
+          part = part.replace(ref_logp=self._score(self.ref_params, self.spec, algo.logprob, part,
+                                                   algo.prompt_mask_prob)[0])
         chunks.append(part)
-    batch = {k: jnp.concatenate([jnp.atleast_1d(c[k]) for c in chunks]) for k in chunks[0]}
-    return self.submit(step, items, batch, sample_s=time.perf_counter() - t0)
+        finished.append(rollout.finished)
+    batch = jax.tree.map(lambda *parts: jnp.concatenate(parts), *chunks)
+    logprob_mismatch = None
+    if mismatch:
+      logprob_mismatch = float(sum(jnp.sum(m) for m in mismatch)) / max(float(jnp.sum(batch.valid)), 1.0)
+    return self.submit(step, items, batch, jnp.concatenate(finished), sample_s=time.perf_counter() - t0,
+                       logprob_mismatch=logprob_mismatch)
 
-  def submit(self, step: int, items: list[dict[str, Any]], batch: dict[str, jax.Array],
-             sample_s: float = 0.0) -> InFlight:
-    """Decodes this process's completions from `batch` (a rollout's device arrays, as `start`
-    builds them: `tokens`, `lengths`, `finished`, ...) and submits them to the verifier."""
-    batch = dict(batch)
-    row_lengths, finished = batch.pop("lengths"), batch.pop("finished")
-    mismatch = None
-    if "mismatch" in batch:
-      mismatch = float(jnp.sum(batch.pop("mismatch"))) / max(float(jnp.sum(batch["valid"])), 1.0)
-    tokens_np, lengths_np = _global_numpy(batch["tokens"]), _global_numpy(row_lengths)
+  def submit(self, step: int, items: list[dict[str, Any]], batch: RLBatch, finished: jax.Array, *,
+             sample_s: float = 0.0, logprob_mismatch: float | None = None) -> InFlight:
+    """Decodes this process's completions from a rollout's device arrays (`batch`, and which rows
+    ended with EOS) and submits them to the verifier."""
+    tokens_np = _global_numpy(batch.tokens)
+    lengths_np = _global_numpy(jnp.sum(batch.valid, axis=1, dtype=jnp.int32))  # = Rollout.lengths
     chunks = self.rows // self.chunk
     local_rows = np.concatenate([np.arange(self.rows)[self._local_rows(c)] for c in range(chunks)])
     completions = [self.tokenizer.decode(tokens_np[r, :lengths_np[r]], skip_special_tokens=True) for r in local_rows]
     g = self.group_size
     prompts = [self.book.prompt(item["phase"], item["problem_id"]).text for item in items for _ in range(g)]
-    future = submit_completions(self.client, completions, options=self.options, **item_columns(items, g))
+    future = submit_completions(self.client, completions, options=self.options, **collate(items, g, REWARD_COLUMNS))
     return InFlight(step=step, items=list(items), batch=batch, prompts=prompts, completions=completions,
                     verdicts=future, lengths=lengths_np, finished=_global_numpy(finished), sample_s=sample_s,
-                    logprob_mismatch=mismatch)
+                    logprob_mismatch=logprob_mismatch)
 
   def reward_array(self, local_values: np.ndarray, dtype) -> jax.Array:
     """A global [rows] array in the batch's row order from this process's per-row values."""

@@ -4,6 +4,8 @@ A policy log-prob estimator (dice_jax.rl.logprobs) describes, per row, C states 
 region (`states_BxCxG`: tokens or the mask id) and which state scores each generated token
 (`state_BxG`). This module runs the model over them and returns log_softmax(logits / T)[token]
 (T = sampling temperature, the sampler's formula, dice_jax.sampler.policy) and the entropy there.
+Its static facts (block size, steps per block, ids, T) are the sampler's own settings resolved
+against the model (dice_jax.sampler.config.Resolved), so scorer and sampler cannot disagree.
 
 Block-diffusion models (SDAR): one sequence per row in the multi_copy layout
     [clean: prompt + generated tokens | state 0 | ... | state C-1]
@@ -25,38 +27,13 @@ first, then `Transformer.logits`), so the head costs B x G x V, not B x (L + C n
 
 from __future__ import annotations
 
-import dataclasses
-
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
 from dice_jax.model import masks
-from dice_jax.model.config import ModelConfig
 from dice_jax.sampler.block import make_layout
-from dice_jax.sampler.config import SamplerConfig, resolve
-
-
-@dataclasses.dataclass(frozen=True)
-class ScoringSpec:
-  """Static facts the scorer needs (hashable: part of the compiled update's closure)."""
-  family: str  # "block" (block-causal SDAR) | "bidirectional" (LLaDA, Dream)
-  block_size: int
-  steps_per_block: int
-  gen_length: int
-  mask_id: int
-  pad_id: int
-  temperature: float
-  logits_shift: bool = False
-
-
-def spec_for(model: ModelConfig, sampler: SamplerConfig) -> ScoringSpec:
-  """The scoring facts of rollouts that `sampler` draws from `model` (same block size, ids, T)."""
-  settings = resolve(sampler, model)
-  family = "block" if model.attention == "block_causal" else "bidirectional"
-  return ScoringSpec(family=family, block_size=settings.block_size, steps_per_block=settings.steps_per_block,
-                     gen_length=sampler.gen_length, mask_id=settings.mask_id, pad_id=settings.pad_id,
-                     temperature=sampler.temperature, logits_shift=model.logits_shift)
+from dice_jax.sampler.config import Resolved
 
 
 def _token_stats(model, x_BxGxD: jax.Array, tokens_BxG: jax.Array, temperature: float
@@ -73,7 +50,7 @@ def _gather(x_BxLxD: jax.Array, index_BxG: jax.Array) -> jax.Array:
   return jnp.take_along_axis(x_BxLxD, index_BxG[..., None], axis=1)
 
 
-def block_inputs(spec: ScoringSpec, prompt_BxP: jax.Array, prompt_lengths_B: jax.Array, tokens_BxG: jax.Array,
+def block_inputs(spec: Resolved, prompt_BxP: jax.Array, prompt_lengths_B: jax.Array, tokens_BxG: jax.Array,
                  states_BxCxG: jax.Array, state_BxG: jax.Array):
   """(tokens_BxQ, positions_BxQ, mask, gather index BxG) of the multi_copy layout."""
   batch, width = prompt_BxP.shape
@@ -101,7 +78,7 @@ def block_inputs(spec: ScoringSpec, prompt_BxP: jax.Array, prompt_lengths_B: jax
   return tokens_BxQ, positions_BxQ, mask, index_BxG
 
 
-def bidirectional_inputs(spec: ScoringSpec, prompt_BxP: jax.Array, prompt_lengths_B: jax.Array,
+def bidirectional_inputs(spec: Resolved, prompt_BxP: jax.Array, prompt_lengths_B: jax.Array,
                          states_BxCxG: jax.Array, state_BxG: jax.Array):
   """(tokens [B*C, W], positions, mask, gather index BxG into the flattened [B, C*W]) per state."""
   batch, width = prompt_BxP.shape
@@ -122,14 +99,14 @@ def bidirectional_inputs(spec: ScoringSpec, prompt_BxP: jax.Array, prompt_length
   return tokens, positions, mask, state_BxG * length + source
 
 
-def score(graphdef: nnx.GraphDef, params: nnx.State, spec: ScoringSpec, prompt_BxP: jax.Array,
+def score(graphdef: nnx.GraphDef, params: nnx.State, spec: Resolved, prompt_BxP: jax.Array,
           prompt_lengths_B: jax.Array, tokens_BxG: jax.Array, states_BxCxG: jax.Array, state_BxG: jax.Array
           ) -> tuple[jax.Array, jax.Array]:
   """(log-prob, entropy), each BxG float32, of `tokens_BxG` scored in state `state_BxG` (pure)."""
   model = nnx.merge(graphdef, params)
   state_BxG = jnp.clip(state_BxG, 0, states_BxCxG.shape[1] - 1).astype(jnp.int32)
   batch = prompt_BxP.shape[0]
-  if spec.family == "block":
+  if spec.attention == "block_causal":
     if spec.logits_shift:
       raise ValueError("shifted logits (Dream) are only supported for bidirectional models")
     tokens, positions, mask, index = block_inputs(spec, prompt_BxP, prompt_lengths_B, tokens_BxG, states_BxCxG,

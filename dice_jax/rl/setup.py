@@ -18,24 +18,23 @@ import os
 import jax
 import jax.numpy as jnp
 
-from dice.verifier.v1 import verifier_pb2 as pb
 from dice_jax import sharding
 from dice_jax.checkpoints import Checkpointer, CheckpointError
 from dice_jax.config import ConfigError
-from dice_jax.eval import connect as connect_lib
-from dice_jax.rl import rewarding
+from dice_jax.rl.batch import RLBatch
 from dice_jax.rl.config import RLConfig, VerifierSection
 from dice_jax.rl.data import PromptBook
 from dice_jax.rl.rollout import eos_ids_for, sampler_config
-from dice_jax.rl.scoring import spec_for
-from dice_jax.rl.update import batch_keys, make_update_step
+from dice_jax.rl.update import make_update_step
+from dice_jax.sampler.config import resolve
 from dice_jax.train import model_setup
 from dice_jax.train.optim import cast_floating, make_optimizer
 from dice_jax.train.step import compile_train_step
 from dice_jax.train.train_state import abstract_state, create_train_state, state_shardings
+from dice_jax.verifier import connect as connect_lib
+from dice_jax.verifier.defaults import TRAINING
 
 log = logging.getLogger(__name__)
-PRECISIONS = {"fp32": pb.FP32, "fp16": pb.FP16, "bf16": pb.BF16}
 
 
 def _check_batch(cfg: RLConfig, mesh: jax.sharding.Mesh) -> None:
@@ -56,13 +55,6 @@ def _check_batch(cfg: RLConfig, mesh: jax.sharding.Mesh) -> None:
                 micro, ways)
 
 
-def verify_options(section: VerifierSection) -> pb.VerifyOptions:
-  """What every request of a run asks the verifier for (precision, trials, tolerances, timing)."""
-  return pb.VerifyOptions(precision=PRECISIONS[section.precision],
-                          num_correctness_trials=section.num_correctness_trials, atol=section.atol,
-                          rtol=section.rtol, skip_timing=section.skip_timing)
-
-
 def connect_verifier(section: VerifierSection, run_dir: str) -> connect_lib.Connection:
   spec = "local" if section.targets == ("local",) else ",".join(section.targets)
   try:
@@ -72,10 +64,10 @@ def connect_verifier(section: VerifierSection, run_dir: str) -> connect_lib.Conn
 
 
 def _connect(spec: str, section: VerifierSection, run_dir: str) -> connect_lib.Connection:
-  return connect_lib.connect(spec, connect_timeout_s=section.connect_timeout_s,
-                             request_timeout_s=section.request_timeout_s, max_in_flight=section.max_in_flight,
-                             auth_token_file=section.auth_token_file, local_cache_dir=section.local_cache_dir,
-                             local_log=os.path.join(run_dir, "verifier.log"),
+  return connect_lib.connect(spec, use=TRAINING, connect_timeout_s=section.connect_timeout_s,
+                             request_timeout_s=section.request_timeout_s,
+                             max_in_flight_per_stream=section.max_in_flight, auth_token_file=section.auth_token_file,
+                             local_cache_dir=section.local_cache_dir, local_log=os.path.join(run_dir, "verifier.log"),
                              streams_per_target=section.streams_per_target, tls=section.tls,
                              tls_root_certs_file=section.tls_root_certs_file,
                              tls_client_cert_file=section.tls_client_cert_file,
@@ -116,7 +108,7 @@ class Run:
     model_setup.check_compatible(model_config, self.tokenizer)
     self.sampling = sampler_config(cfg, eos_ids_for(model_config.eos_token_id, self.tokenizer))
     try:
-      self.spec = spec_for(model_config, self.sampling)
+      self.spec = resolve(self.sampling, model_config)
     except ValueError as e:
       raise ConfigError(f"rollout: {e}") from None
     context = cfg.data.max_prompt_length + cfg.rollout.gen_length + self.spec.block_size
@@ -127,8 +119,8 @@ class Run:
     c = cfg.curriculum
     self.stream = self.book.stream(cfg.data.phase1_files, cfg.data.phase2_files, need_phase1=c.phase1_steps != 0,
                                    need_phase2=c.schedule == "metric" or c.phase1_steps < cfg.train.steps)
-    rewarding.custom_components(cfg.rewards)  # import user reward functions now: a typo fails in seconds
-    self.verify_options = verify_options(cfg.verifier)
+    cfg.rewards.custom_components()  # import user reward functions now: a typo fails in seconds
+    self.verify_options = cfg.verifier.options()
     pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="verifier-start")
     verifier = pool.submit(connect_verifier, cfg.verifier, self.run_dir)
     pool.shutdown(wait=False)
@@ -147,7 +139,7 @@ class Run:
     target = abstract_state(tx, abstract_params, shardings)
     self.checkpointer = Checkpointer.from_config(cfg.checkpoint, self.run_dir)
     compute = jnp.dtype(cfg.model.dtype)
-    needs_ref = cfg.algo.kl_beta > 0 and cfg.algo.kl_reference == "reference"
+    needs_ref = cfg.algo.uses_reference
     self.meta, self.ref_params = {}, None
     if cfg.checkpoint.resume and self.checkpointer.latest_step() is not None:
       try:
@@ -172,19 +164,10 @@ class Run:
                                    group_size=cfg.rollout.group_size, num_minibatches=cfg.train.num_minibatches,
                                    grad_accum_steps=cfg.train.grad_accum_steps, compute_dtype=compute)
     batch_sharding = sharding.batch_sharding(self.mesh, 1)
-    self.compiled = compile_train_step(update_step, target, self._abstract_batch(batch_sharding), shardings,
-                                       batch_sharding, self.mesh)
-
-  def _abstract_batch(self, batch_sharding) -> dict[str, jax.ShapeDtypeStruct]:
-    cfg = self.cfg
-    rows, gen, width = cfg.rollout.prompts_per_step * cfg.rollout.group_size, cfg.rollout.gen_length, \
-        cfg.data.max_prompt_length
-    shapes = {"prompt": ((rows, width), jnp.int32), "prompt_lengths": ((rows,), jnp.int32),
-              "tokens": ((rows, gen), jnp.int32), "valid": ((rows, gen), jnp.bool_),
-              "commit_rank": ((rows, gen), jnp.int32), "old_logp": ((rows, gen), jnp.float32),
-              "ref_logp": ((rows, gen), jnp.float32), "rewards": ((rows,), jnp.float32),
-              "reward_valid": ((rows,), jnp.bool_), "score_keys": ((rows, 2), jnp.uint32)}
-    return {k: jax.ShapeDtypeStruct(*shapes[k], sharding=batch_sharding) for k in batch_keys(cfg.algo)}
+    r = cfg.rollout
+    abstract_batch = RLBatch.abstract(r.prompts_per_step * r.group_size, cfg.data.max_prompt_length, r.gen_length,
+                                      batch_sharding, with_ref=cfg.algo.uses_reference)
+    self.compiled = compile_train_step(update_step, target, abstract_batch, shardings, batch_sharding, self.mesh)
 
 
 def _result_or_none(future: concurrent.futures.Future):

@@ -10,44 +10,68 @@ One call consumes one rollout batch of P prompts x G responses (rows grouped by 
   3. metrics combined over minibatches and micro-batches by dice_jax.train.step.reduce_metric
      (ratio_max / ratio_min are the true max and min; the rest are means).
 
-The batch (all rows on the leading axis, sharded over data x fsdp):
-  prompt int32 BxP, prompt_lengths int32 B       the sampler's input
-  tokens int32 BxG, valid bool BxG, commit_rank int32 BxG   the rollout (dice_jax.sampler.Rollout)
-  old_logp float32 BxG    the behaviour policy's log-probs: recorded by the sampler, or recomputed
-                          at rollout time with the params that sampled it (algo.old_logprobs)
-  ref_logp float32 BxG    (only with algo.kl_reference=reference) the frozen start model's
-  rewards float32 B, reward_valid bool B                    from the verifier and reward shaping
-  score_keys uint32 Bx2   per-row keys of the one_step / coupled masks
-Nothing here does I/O or branches on traced values; compile it once with
+The batch is a dice_jax.rl.batch.RLBatch (all rows on the leading axis, sharded over data x
+fsdp): the rollout and its old log-probs, the rewards, and `ref_logp` when the KL is to a frozen
+reference (`AlgoSection.uses_reference`). Nothing here does I/O or branches on traced values; compile it once with
 dice_jax.train.step.compile_train_step (explicit shardings, the state donated).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 import jax
 import jax.numpy as jnp
 import optax
 from flax import nnx
 
+from dice_jax.config import require
 from dice_jax.rl import advantages as advantages_lib
 from dice_jax.rl import loss as loss_lib
-from dice_jax.rl.config import AlgoSection
+from dice_jax.rl.batch import RLBatch
 from dice_jax.rl.logprobs import policy_logprobs
-from dice_jax.rl.scoring import ScoringSpec
+from dice_jax.sampler.config import Resolved
 from dice_jax.train.step import make_train_step, reduce_metric
 from dice_jax.train.train_state import TrainState
 
 
-def batch_keys(algo: AlgoSection) -> tuple[str, ...]:
-  keys = ("prompt", "prompt_lengths", "tokens", "valid", "commit_rank", "old_logp", "rewards", "reward_valid",
-          "score_keys")
-  return keys + (("ref_logp",) if algo.kl_beta > 0 and algo.kl_reference == "reference" else ())
+@dataclasses.dataclass(frozen=True)
+class AlgoSection:
+  """The update's estimators and loss, each chosen by name from its registry (the `algo` config
+  section of `dice train`)."""
+  advantage: Literal["grpo", "drgrpo", "rloo"] = "grpo"
+  logprob: Literal["trace", "one_step", "coupled"] = "trace"
+  loss: Literal["clipped", "unclipped"] = "clipped"
+  clip_eps: float = 0.2
+  clip_eps_high: float | None = None  # null: clip_eps (symmetric)
+  kl_beta: float = 0.01  # 0 turns the KL term off
+  kl_reference: Literal["old", "reference"] = "old"  # k3 KL to the behaviour policy or the start model
+  # "Old" log-probs (the ratio's denominator): the sampler's recorded ones (trace only), or
+  # recomputed by the trainer's forward under the behaviour params (removes sampler/trainer
+  # numeric mismatch, e.g. bf16 cached decoding; costs one forward per rollout).
+  old_logprobs: Literal["sampler", "recompute"] = "sampler"
+  norm_length: int | None = None  # the loss's constant length normaliser; null: rollout.gen_length
+  prompt_mask_prob: float = 0.15  # one_step (d1): probability of masking each prompt token
+
+  def __post_init__(self):
+    require(0 < self.clip_eps < 1, "clip_eps", f"must be in (0, 1), got {self.clip_eps}")
+    require(self.clip_eps_high is None or self.clip_eps_high > 0, "clip_eps_high",
+            f"must be > 0, got {self.clip_eps_high}")
+    require(self.kl_beta >= 0, "kl_beta", f"must be >= 0, got {self.kl_beta}")
+    require(self.norm_length is None or self.norm_length > 0, "norm_length", f"must be > 0, got {self.norm_length}")
+    require(0 <= self.prompt_mask_prob < 1, "prompt_mask_prob", f"must be in [0, 1), got {self.prompt_mask_prob}")
+    require(self.logprob == "trace" or self.old_logprobs == "recompute", "old_logprobs",
+            f"the sampler records trace log-probs only; logprob={self.logprob!r} needs old_logprobs=recompute")
+
+  @property
+  def uses_reference(self) -> bool:
+    """Whether the KL is to a frozen reference model (whose log-probs the batch then carries)."""
+    return self.kl_beta > 0 and self.kl_reference == "reference"
 
 
-def make_loss_fn(graphdef: nnx.GraphDef, spec: ScoringSpec, algo: AlgoSection) -> Callable:
+def make_loss_fn(graphdef: nnx.GraphDef, spec: Resolved, algo: AlgoSection) -> Callable:
   """loss_fn(params in compute dtype, minibatch, rng, context) -> (loss, metrics) for make_train_step.
 
   No context: a frozen reference's log-probs arrive precomputed in the batch (`ref_logp`, scored at
@@ -56,43 +80,43 @@ def make_loss_fn(graphdef: nnx.GraphDef, spec: ScoringSpec, algo: AlgoSection) -
   eps_high = algo.clip_eps if algo.clip_eps_high is None else algo.clip_eps_high
   norm_length = algo.norm_length or spec.gen_length
 
-  def loss_fn(params: Any, mb: dict[str, jax.Array], rng: jax.Array, context: Any = None):
+  def loss_fn(params: Any, mb: RLBatch, rng: jax.Array, context: Any = None):
     del rng, context  # masks come from the rows' own keys, so old and new log-probs see the same states
     logp_BxG, entropy_BxG = policy_logprobs(graphdef, params, spec, algo.logprob, mb, algo.prompt_mask_prob)
     loss, metrics = loss_lib.policy_loss(
-        algo.loss, logp_BxG, mb["old_logp"], mb["advantages"], mb["weights"], mb["valid"],
+        algo.loss, logp_BxG, mb.old_logp, mb.advantages, mb.weights, mb.valid,
         eps_low=algo.clip_eps, eps_high=eps_high, norm_length=norm_length, kl_beta=algo.kl_beta,
-        kl_ref_BxG=mb.get("ref_logp"))
-    valid = mb["valid"].astype(jnp.float32)
+        kl_ref_BxG=mb.ref_logp)
+    valid = mb.valid.astype(jnp.float32)
     metrics["entropy"] = jnp.sum(entropy_BxG * valid) / jnp.maximum(jnp.sum(valid), 1.0)
     return loss, metrics
 
   return loss_fn
 
 
-def _strided_split(batch: dict[str, jax.Array], num: int) -> dict[str, jax.Array]:
+def _strided_split(batch: RLBatch, num: int) -> RLBatch:
   def split(x):
     return jnp.swapaxes(x.reshape(x.shape[0] // num, num, *x.shape[1:]), 0, 1)
   return jax.tree.map(split, batch)
 
 
-def make_update_step(graphdef: nnx.GraphDef, spec: ScoringSpec, algo: AlgoSection, tx: optax.GradientTransformation,
+def make_update_step(graphdef: nnx.GraphDef, spec: Resolved, algo: AlgoSection, tx: optax.GradientTransformation,
                      schedule: optax.Schedule, *, group_size: int, num_minibatches: int, grad_accum_steps: int,
-                     compute_dtype: Any) -> Callable[[TrainState, dict], tuple[TrainState, dict]]:
+                     compute_dtype: Any) -> Callable[[TrainState, RLBatch], tuple[TrainState, dict]]:
   """`update_step(state, batch) -> (state, metrics)`; see the module docstring."""
   train_step = make_train_step(make_loss_fn(graphdef, spec, algo), tx, schedule, compute_dtype=compute_dtype,
                                grad_accum_steps=grad_accum_steps)
 
-  def update_step(state: TrainState, batch: dict[str, jax.Array]) -> tuple[TrainState, dict[str, jax.Array]]:
-    rows = batch["rewards"].shape[0]
+  def update_step(state: TrainState, batch: RLBatch) -> tuple[TrainState, dict[str, jax.Array]]:
+    rows = batch.rewards.shape[0]
     adv_PxG, weight_PxG, adv_metrics = advantages_lib.compute(
-        algo.advantage, batch["rewards"].reshape(rows // group_size, group_size),
-        batch["reward_valid"].reshape(rows // group_size, group_size))
-    batch = {**batch, "advantages": adv_PxG.reshape(rows), "weights": weight_PxG.reshape(rows)}
+        algo.advantage, batch.rewards.reshape(rows // group_size, group_size),
+        batch.reward_valid.reshape(rows // group_size, group_size))
+    batch = batch.replace(advantages=adv_PxG.reshape(rows), weights=weight_PxG.reshape(rows))
     state, per_mb = jax.lax.scan(train_step, state, _strided_split(batch, num_minibatches))
     metrics = {k: reduce_metric(k, v) for k, v in per_mb.items()}
-    valid = batch["reward_valid"].astype(jnp.float32)
-    metrics["reward_mean"] = jnp.sum(batch["rewards"] * valid) / jnp.maximum(jnp.sum(valid), 1.0)
+    valid = batch.reward_valid.astype(jnp.float32)
+    metrics["reward_mean"] = jnp.sum(batch.rewards * valid) / jnp.maximum(jnp.sum(valid), 1.0)
     return state, metrics | adv_metrics
 
   return update_step

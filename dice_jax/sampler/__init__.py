@@ -1,8 +1,18 @@
 """Diffusion decoding: block diffusion with an exact KV cache (SDAR), semi-autoregressive and
-infilling decoding for bidirectional models (LLaDA, Dream), with the trace TraceRL trains on."""
+infilling decoding for bidirectional models (LLaDA, Dream), with the trace TraceRL trains on.
 
-from dice_jax.sampler.api import generate, sample
-from dice_jax.sampler.config import SamplerConfig
-from dice_jax.sampler.rollout import Rollout, masked_state
+SamplerConfig (config.py) is the one sampling-settings type of the project: the library's argument,
+`dice train`'s `rollout` section and the source of `dice eval`/`dice generate`'s sampling flags.
 
-__all__ = ["Rollout", "SamplerConfig", "generate", "masked_state", "sample"]
+Decision: the names below are imported on first use (dice_jax/lazy.py), so reading SamplerConfig
+(the command-line parsers do) does not import JAX.
+"""
+
+from __future__ import annotations
+
+from dice_jax import lazy
+
+__getattr__, __dir__ = lazy.exports(__name__, {"dice_jax.sampler.api": ("generate", "sample"),
+                                                "dice_jax.sampler.config": ("SamplerConfig",),
+                                                "dice_jax.sampler.rollout": ("Rollout", "masked_state")})
+__all__ = __dir__()

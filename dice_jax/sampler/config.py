@@ -1,5 +1,11 @@
 """SamplerConfig: how to decode (one frozen, hashable value: it is a static argument of the jit).
 
+The one sampling-settings type of the project. The library takes it (`dj.sample`); `dice train`'s
+`rollout` section IS one (dice_jax.rl.config.RolloutSection adds the rollout batch's keys); `dice
+eval` and `dice generate` build one from flags named after its fields (dice_jax.cli.sampling); the
+RL scorer reads the same settings resolved against the model (`Resolved`). A knob added here is a
+knob of every command.
+
 Commit rules, per denoising step of the current block (m = tokens still masked in this row's block,
 T = steps_per_block, s = steps already taken in this block):
 - `static`: commit the ceil(m / (T - s)) highest-confidence masked tokens. With m = block_size this
@@ -17,8 +23,12 @@ truncated distribution instead, which makes every greedy (top_k=1) confidence 1.
 from __future__ import annotations
 
 import dataclasses
+from typing import TYPE_CHECKING, Literal
 
-from dice_jax.model.config import ModelConfig
+from dice_jax.config import ConfigError
+
+if TYPE_CHECKING:  # only an annotation: reading SamplerConfig must not import JAX (see __init__.py)
+  from dice_jax.model.config import ModelConfig
 
 MODES = ("static", "dynamic")
 DECODE_ATTENTION = ("auto", "xla", "pallas")
@@ -30,7 +40,7 @@ class SamplerConfig:
   gen_length: int = 256  # new tokens per sequence (the canvas's generated region)
   block_size: int | None = None  # None: the model's block_size (SDAR); 32 for bidirectional models
   steps_per_block: int | None = None  # None: block_size (one token per step in static mode)
-  mode: str = "static"  # static | dynamic (see module docstring)
+  mode: Literal[MODES] = "static"  # static | dynamic (see module docstring)
   threshold: float = 0.9  # dynamic mode: commit every token at least this confident
   temperature: float = 1.0  # > 0; the log-probs are those of softmax(logits / temperature)
   top_k: int = 0  # 0: off; 1: greedy
@@ -39,7 +49,7 @@ class SamplerConfig:
   pad_id: int | None = None  # fills never-generated positions; None: model pad id, else eos, else 0
   max_length: int | None = None  # prompt + generation (+ suffix) limit; None: model max positions
   kv_cache: bool = True  # block models: exact KV cache; False recomputes the whole canvas each step
-  decode_attention: str = "auto"  # cached attention kernel: auto (Pallas on GPU) | xla | pallas
+  decode_attention: Literal[DECODE_ATTENTION] = "auto"  # cached attention: auto (Pallas on GPU) | xla | pallas
 
   def __post_init__(self):
     checks = [
@@ -57,8 +67,8 @@ class SamplerConfig:
          f"decode_attention={self.decode_attention!r}; choose one of {DECODE_ATTENTION}"),
     ]
     for ok, message in checks:
-      if not ok:
-        raise ValueError(f"SamplerConfig: {message}")
+      if not ok:  # a ConfigError (a ValueError) names the field first: `rollout.top_p must be ...`
+        raise ConfigError(message)
     if self.eos_ids is not None:
       object.__setattr__(self, "eos_ids", tuple(int(i) for i in self.eos_ids))
 
@@ -69,16 +79,36 @@ class SamplerConfig:
   def greedy(self) -> bool:
     return self.top_k == 1
 
+  def describe(self) -> str:
+    """"greedy (top_k=1); dynamic threshold 0.9; up to 4096 new tokens", for reports."""
+    if self.greedy:
+      how = "greedy (top_k=1)"
+    else:
+      how = f"temperature {self.temperature:g}, top_p {self.top_p:g}" + (
+          f", top_k {self.top_k}" if self.top_k else "")
+    rule = self.mode + (f" threshold {self.threshold:g}" if self.mode == "dynamic" else "")
+    return f"{how}; {rule}; up to {self.gen_length} new tokens"
+
+
+# DICE's rollout settings (block 4 and 4 steps per block come from an SDAR checkpoint): the
+# defaults of `dice eval`, `dice generate` and KernelGenerator.
+DICE_SAMPLING = SamplerConfig(gen_length=4096, mode="dynamic", threshold=0.9)
+
 
 @dataclasses.dataclass(frozen=True)
 class Resolved:
-  """A SamplerConfig's defaults filled in from one model's config (all static)."""
+  """A SamplerConfig's defaults filled in from one model's config (all static): what the sampler
+  decodes with, and what the RL scorer (dice_jax.rl.scoring) needs to re-score its rollouts."""
+  attention: str  # the model's: "block_causal" (SDAR) | "bidirectional" (LLaDA, Dream)
   block_size: int
   steps_per_block: int
+  gen_length: int
   mask_id: int
   eos_ids: tuple[int, ...]
   pad_id: int
   max_length: int
+  temperature: float
+  logits_shift: bool = False  # Dream: position i's logits predict token i + 1
 
 
 def resolve(config: SamplerConfig, model: ModelConfig) -> Resolved:
@@ -108,5 +138,7 @@ def resolve(config: SamplerConfig, model: ModelConfig) -> Resolved:
   if max_length > model.max_position_embeddings:
     raise ValueError(f"max_length={max_length} exceeds the model's max_position_embeddings="
                      f"{model.max_position_embeddings}")
-  return Resolved(block_size=block_size, steps_per_block=config.steps_per_block or block_size,
-                  mask_id=model.mask_token_id, eos_ids=eos_ids, pad_id=pad_id, max_length=max_length)
+  return Resolved(attention=model.attention, block_size=block_size,
+                  steps_per_block=config.steps_per_block or block_size, gen_length=config.gen_length,
+                  mask_id=model.mask_token_id, eos_ids=eos_ids, pad_id=pad_id, max_length=max_length,
+                  temperature=config.temperature, logits_shift=model.logits_shift)

@@ -16,12 +16,11 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
-import yaml
 from flax import nnx
 
 from dice_jax import distributed, sharding
 from dice_jax.checkpoints import CheckpointConfig, Checkpointer
-from dice_jax.config import ConfigError, to_dict
+from dice_jax.config import ConfigError, to_yaml
 from dice_jax.data import sft_data
 from dice_jax.data.sft_data import SFTDataConfig
 from dice_jax.distributed import DistributedConfig, MeshConfig
@@ -31,7 +30,7 @@ from dice_jax.train import model_setup
 from dice_jax.train.model_setup import ModelSection
 from dice_jax.train.optim import OptimizerConfig, make_optimizer
 from dice_jax.train.sft_step import SFTTrainConfig, make_sft_step
-from dice_jax.train.step import compile_train_step
+from dice_jax.train.step import TrainingDiverged, compile_train_step
 from dice_jax.train.train_state import abstract_state, create_train_state, state_shardings
 
 log = logging.getLogger(__name__)
@@ -49,11 +48,6 @@ class SFTConfig:
   distributed: DistributedConfig = dataclasses.field(default_factory=DistributedConfig)
   checkpoint: CheckpointConfig = dataclasses.field(default_factory=CheckpointConfig)
   logging: LoggingConfig = dataclasses.field(default_factory=LoggingConfig)
-
-
-
-class TrainingDiverged(RuntimeError):
-  """The loss became NaN or infinite; the last good checkpoint is kept."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,7 +76,7 @@ def run_sft(cfg: SFTConfig, *, should_stop: Callable[[], bool] = lambda: False) 
   primary = distributed.is_primary()
   mesh = sharding.make_mesh(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor)
   _check_batch(cfg, mesh)
-  config_text = yaml.safe_dump(to_dict(cfg), sort_keys=False)
+  config_text = to_yaml(cfg)
   if primary:
     os.makedirs(run_dir, exist_ok=True)
     with open(os.path.join(run_dir, "config.yaml"), "w", encoding="utf-8") as f:

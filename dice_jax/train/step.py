@@ -25,6 +25,11 @@ from dice_jax.train.train_state import TrainState
 
 log = logging.getLogger(__name__)
 
+
+class TrainingDiverged(RuntimeError):
+  """The loss became NaN or infinite (SFT or RL); the last good checkpoint is kept."""
+
+
 # (params in compute dtype, batch, rng, context) -> (scalar loss, dict of scalar metrics)
 LossFn = Callable[[Any, Any, jax.Array, Any], tuple[jax.Array, dict[str, jax.Array]]]
 

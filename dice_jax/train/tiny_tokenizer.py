@@ -16,11 +16,9 @@ import pathlib
 import tokenizers
 from tokenizers import AddedToken, decoders, models, pre_tokenizers
 
-from dice_jax.model.tokenizer import Tokenizer, load_tokenizer
 
 BUILTIN = "builtin:bytes"
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|MASK|>")  # ids 256..259
-VOCAB_SIZE = 256 + len(SPECIAL_TOKENS)
 
 # ChatML, as SDAR/Qwen render it without tools or thinking.
 CHAT_TEMPLATE = (
@@ -58,7 +56,3 @@ def _byte_of(char: str) -> int:
   others = [b for b in range(256) if b not in printable]
   return others[code - 256]
 
-
-def byte_tokenizer(cache_dir: str | os.PathLike) -> Tokenizer:
-  """The byte tokenizer, written to (and loaded from) `cache_dir`."""
-  return load_tokenizer(write_byte_tokenizer(cache_dir))

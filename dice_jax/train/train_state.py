@@ -63,7 +63,3 @@ def create_train_state(params: Any, tx: optax.GradientTransformation, seed: int,
       out_shardings=shardings, donate_argnums=0)
   return init(params)
 
-
-def abstract_params_of(params: Any) -> Any:
-  """ShapeDtypeStructs (with shardings) of placed arrays."""
-  return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), params)

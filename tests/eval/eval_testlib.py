@@ -18,7 +18,7 @@ import pathlib
 
 import pytest
 
-from dice_jax.eval.local_verifier import LocalVerifier
+from dice_jax.verifier.local import LocalVerifier
 
 _SHARED: dict[str, object] = {}
 

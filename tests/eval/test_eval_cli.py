@@ -16,13 +16,13 @@ import uuid
 
 import pytest
 
+from dice.verifier.v1 import verifier_pb2 as pb
 from dice_jax.data.problems import load_problems
-from dice_jax.eval import connect as connect_lib
 from dice_jax.eval import generations as gen_lib
 from dice_jax.eval import pipeline
-from dice_jax.eval.local_verifier import free_port
 from dice_jax.eval.store import VerdictStore
-from dice.verifier.v1 import verifier_pb2 as pb
+from dice_jax.verifier import connect as connect_lib
+from dice_jax.verifier.local import free_port
 from eval_testlib import LIGHT_RELU, run_cli, tiny_model_dir, verifier_target  # noqa: F401 (fixtures)
 
 PNGS = ("speedup_distribution.png", "fast_p.png", "levels.png")

@@ -12,11 +12,12 @@ import sys
 import pytest
 
 from dice_jax.data.problems import load_problems
-from dice_jax.eval import connect as connect_lib
-from dice_jax.eval.local_verifier import free_port
-from dice_jax.generation import completion
-from dice_jax.generation.completion import CompletionModel, DecodeSettings
+from dice_jax.sampler import completion
+from dice_jax.sampler.completion import CompletionModel
+from dice_jax.sampler.config import DICE_SAMPLING
 from dice_jax.generation.generator import KernelGenerator
+from dice_jax.verifier import connect as connect_lib
+from dice_jax.verifier.local import free_port
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "eval"))
 from eval_testlib import LIGHT_RELU, run_cli, tiny_model_dir, verifier_target  # noqa: E402,F401 (fixtures)
 
@@ -108,7 +109,7 @@ def test_library_samples_in_one_batched_call_and_verifies_repeats_once(files, ti
   try:
     model = CompletionModel(tiny_model_dir)
     with KernelGenerator(model, verifier=connection, precision="fp32",
-                         decode=DecodeSettings(max_new_tokens=16)) as gen:
+                         decode=DICE_SAMPLING.replace(gen_length=16)) as gen:
       assert gen.arch == "sm_90"  # taken from the verifier
       before = connection.client.stats().get("sent", 0)
       result = gen.generate(files / "ref.py", num_samples=2, extra_candidates=[LIGHT_RELU, LIGHT_RELU])

@@ -5,7 +5,6 @@ import math
 import jax
 import jax.numpy as jnp
 import numpy as np
-import pytest
 
 from dice_jax.diffusion import losses, noising
 
@@ -34,24 +33,6 @@ def test_masked_diffusion_loss_by_hand():
   np.testing.assert_allclose(seq_loss, (row0 / 3 + row1 / 2) / 2, rtol=1e-6)
   assert float(metrics["masked_tokens"]) == 3 and float(metrics["response_tokens"]) == 5
   np.testing.assert_allclose(metrics["masked_nll"], (nll_confident + 2 * math.log(4)) / 3, rtol=1e-6)
-
-
-def test_block_diffusion_loss_uses_only_the_noisy_half():
-  rng = np.random.default_rng(0)
-  noisy_logits = jnp.asarray(rng.normal(size=(1, 4, 5)), jnp.float32)
-  clean_logits = jnp.full((1, 4, 5), 1e6)  # would dominate if it were used
-  targets = jnp.array([[1, 2, 3, 4]])
-  masked = jnp.array([[1, 0, 1, 1]], bool)
-  response = jnp.ones((1, 4), bool)
-  t = jnp.array([0.8])
-  loss_fn = jax.jit(losses.block_diffusion_loss)
-  full, _ = loss_fn(jnp.concatenate([noisy_logits, clean_logits], 1), targets, masked, t, response)
-  half, _ = loss_fn(noisy_logits, targets, masked, t, response)
-  nll = -jax.nn.log_softmax(noisy_logits[0], axis=-1)[jnp.arange(4), targets[0]]
-  np.testing.assert_allclose(full, (nll[0] + nll[2] + nll[3]) / 0.8 / 4, rtol=1e-6)
-  np.testing.assert_allclose(half, full, rtol=1e-7)
-  with pytest.raises(ValueError, match="two-copy logits"):
-    losses.block_diffusion_loss(noisy_logits[:, :3], targets, masked, t, response)
 
 
 def test_noising_never_masks_the_prompt_and_follows_t():

@@ -6,8 +6,8 @@ from dice.verifier.v1 import verifier_pb2 as pb
 from dice_jax.data import problems as P
 from dice_jax.data import rl_data
 from dice_jax.rewards import candidates
-from dice_jax.rewards.client import ClientConfig
-from dice_jax.rewards.sync_client import VerifierClient
+from dice_jax.verifier.channels import ClientConfig
+from dice_jax.verifier.sync_client import VerifierClient
 from verifier_fakes import FakeVerifier, run
 
 

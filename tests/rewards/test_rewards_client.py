@@ -9,8 +9,8 @@ import grpc
 import pytest
 
 from dice.verifier.v1 import verifier_pb2 as pb
-from dice_jax.rewards.client import AsyncVerifierClient, ClientConfig, VerifyItem, cache_key
-from dice_jax.rewards.sync_client import VerifierClient
+from dice_jax.verifier.client import AsyncVerifierClient, ClientConfig, VerifyItem, cache_key
+from dice_jax.verifier.sync_client import VerifierClient
 from verifier_fakes import FakeVerifier, free_port, run
 
 REF = "class Model: pass\ndef get_inputs(): return []\ndef get_init_inputs(): return []\n"

@@ -1,11 +1,14 @@
-"""dice_jax's data and reward modules stay free of torch and of the verifier's code (DESIGN §2)."""
+"""dice_jax's data, reward and verifier-client modules stay free of torch and of the verifier's code
+(ARCHITECTURE.md, "The verifier's trust boundary")."""
 
 import subprocess
 import sys
 
 MODULES = ["dice_jax.data.problems", "dice_jax.data.prompts", "dice_jax.data.extract",
-           "dice_jax.data.rl_data", "dice_jax.rewards.client", "dice_jax.rewards.sync_client",
-           "dice_jax.rewards.shaping", "dice_jax.rewards.defaults", "dice_jax.rewards.candidates"]
+           "dice_jax.data.rl_data", "dice_jax.rewards.shaping", "dice_jax.rewards.defaults",
+           "dice_jax.rewards.candidates", "dice_jax.rewards.outcomes", "dice_jax.verifier.client",
+           "dice_jax.verifier.sync_client", "dice_jax.verifier.connect", "dice_jax.verifier.local",
+           "dice_jax.verifier.options"]
 
 
 def test_no_torch_or_verifier_service_imported():

@@ -8,6 +8,7 @@ import pytest
 from dice.verifier.v1 import verifier_pb2 as pb
 from dice_jax.rewards import defaults as D
 from dice_jax.rewards.shaping import HackPolicy, RewardComponent, RewardShaper, zscore
+from dice_jax.verifier.connect import Connection
 
 MODEL_NEW = "```python\nimport torch\nclass ModelNew(torch.nn.Module):\n    pass\n```"
 MIDDLE = '```python\nsource = """\n__global__ void k() {}\n"""\n```'
@@ -133,8 +134,12 @@ def test_compile_only_preset_credits_no_gpu():
   result = shaper_call(D.preset("compile_only"), verdicts, completions, phase=[1, 1, 1])
   np.testing.assert_allclose(result.total, [0.2 + 1.0, 0.2, 0])
   assert result.valid.tolist() == [True, True, False]
-  assert D.preset_for_servers({"a": pb.ServerInfo(), "b": "UNAVAILABLE"}) == "compile_only"
-  assert D.preset_for_servers({"a": pb.ServerInfo(gpus=[pb.GpuInfo(name="H200")])}) == "default"
+  # `auto` as the trainer resolves it: from what the verifiers that answered said (Connection.info).
+  no_gpu = Connection(client=None, info={"a": pb.ServerInfo()})
+  assert D.resolve_preset("auto", no_gpu.has_gpu) == "compile_only"
+  with_gpu = Connection(client=None, info={"a": pb.ServerInfo(),
+                                           "b": pb.ServerInfo(gpus=[pb.GpuInfo(name="H200")])})
+  assert D.resolve_preset("auto", with_gpu.has_gpu) == "default"
 
 
 def test_speedup_is_log2_and_clipped():

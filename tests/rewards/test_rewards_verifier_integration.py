@@ -21,8 +21,9 @@ from dice_jax.data import problems as P
 from dice_jax.data import rl_data
 from dice_jax.rewards import candidates
 from dice_jax.rewards import defaults as D
-from dice_jax.rewards.client import ClientConfig
-from dice_jax.rewards.sync_client import VerifierClient
+from dice_jax.verifier import connect as connect_lib
+from dice_jax.verifier.channels import ClientConfig
+from dice_jax.verifier.sync_client import VerifierClient
 from verifier_fakes import free_port
 
 STARTUP_S = 120
@@ -85,7 +86,11 @@ def test_server_info_picks_the_reward_preset(verifier):
   info = client.info()[address]
   assert info.environment.nvcc_version and info.environment.torch_version
   expected = "default" if _has_gpu(client, address) else "compile_only"
-  assert D.preset_for_servers(client.info()) == expected
+  connection = connect_lib.connect(address)  # the trainer's preflight
+  try:
+    assert D.resolve_preset("auto", connection.has_gpu) == expected
+  finally:
+    connection.close()
 
 
 def test_static_rejections_and_format_failures(verifier, relu):

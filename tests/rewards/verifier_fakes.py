@@ -15,7 +15,7 @@ import grpc
 
 from dice.verifier.v1 import verifier_pb2 as pb
 from dice.verifier.v1 import verifier_pb2_grpc as pb_grpc
-from dice_jax.rewards.sync_client import background_loop
+from dice_jax.verifier.sync_client import background_loop
 
 
 class FakeVerifier(pb_grpc.VerifierServicer):

@@ -16,8 +16,10 @@ from flax import nnx
 from dice_jax.model import masks, transformer
 from dice_jax.model.config import ModelConfig
 from dice_jax.rl import logprobs, scoring
+from dice_jax.rl.batch import RLBatch
 from dice_jax.sampler import SamplerConfig, sample
 from dice_jax.sampler.api import pad_batch
+from dice_jax.sampler.config import resolve
 
 DIMS = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
             head_dim=8, max_position_embeddings=96, mask_token_id=63, eos_token_id=1, pad_token_id=0)
@@ -42,9 +44,10 @@ def _rollout(arch: str):
                           block_size=8 if bidirectional else None, steps_per_block=4 if bidirectional else None)
   prompts, lengths = pad_batch(PROMPTS, None, what="prompt", vocab_size=DIMS["vocab_size"])
   rollout = sample(model, prompts, jax.random.key(3), sampler, prompt_lengths=lengths)
-  batch = dict(prompt=jnp.asarray(prompts), prompt_lengths=jnp.asarray(lengths), tokens=rollout.tokens,
-               commit_rank=rollout.commit_rank, score_keys=jax.random.split(jax.random.PRNGKey(0), len(PROMPTS)))
-  return model, scoring.spec_for(config, sampler), rollout, batch
+  batch = RLBatch(prompt=jnp.asarray(prompts), prompt_lengths=jnp.asarray(lengths), tokens=rollout.tokens,
+                  valid=rollout.valid, commit_rank=rollout.commit_rank, old_logp=rollout.logprobs,
+                  score_keys=jax.random.split(jax.random.PRNGKey(0), len(PROMPTS)))
+  return model, resolve(sampler, config), rollout, batch
 
 
 @functools.partial(jax.jit, static_argnums=(0, 2, 3))
@@ -68,13 +71,13 @@ def test_block_scoring_equals_the_model_forward_with_a_dense_mask():
   graphdef, params = nnx.split(model)
   prompt, states, index = logprobs.ESTIMATORS["trace"](spec, batch, 0.0)
   index = jnp.clip(index, 0, states.shape[1] - 1)
-  tokens, positions, mask, gather = scoring.block_inputs(spec, prompt, batch["prompt_lengths"], batch["tokens"],
+  tokens, positions, mask, gather = scoring.block_inputs(spec, prompt, batch.prompt_lengths, batch.tokens,
                                                          states, index)
   length = tokens.shape[1]
   dense = masks.explicit(jnp.broadcast_to(masks.dense(mask, length, length), (tokens.shape[0], length, length)))
   logits = transformer.forward(graphdef, params, tokens, dense, positions_BxL=positions)
   logits = jnp.take_along_axis(logits, gather[..., None], axis=1) / spec.temperature
-  want = jnp.take_along_axis(jax.nn.log_softmax(logits), batch["tokens"][..., None], axis=-1)[..., 0]
+  want = jnp.take_along_axis(jax.nn.log_softmax(logits), batch.tokens[..., None], axis=-1)[..., 0]
   got, _ = _score(graphdef, params, spec, "trace", batch)
   valid = np.asarray(rollout.valid)
   np.testing.assert_allclose(np.asarray(got)[valid], np.asarray(want)[valid], atol=2e-5)
@@ -85,7 +88,7 @@ def test_one_step_and_coupled_estimators(arch):
   model, spec, rollout, batch = _rollout(arch)
   graphdef, params = nnx.split(model)
   prompt, states, index = logprobs.ESTIMATORS["coupled"](spec, batch, 0.0)
-  tokens, committed = np.asarray(batch["tokens"]), np.asarray(batch["commit_rank"]) >= 0
+  tokens, committed = np.asarray(batch.tokens), np.asarray(batch.commit_rank) >= 0
   states, index = np.asarray(states), np.asarray(index)
   # Each committed token is masked in exactly the state that scores it and visible in the other.
   rows, cols = np.nonzero(committed)
@@ -93,7 +96,7 @@ def test_one_step_and_coupled_estimators(arch):
   assert np.all(states[rows, 1 - index[rows, cols], cols] == tokens[rows, cols])
   prompt, states, _ = logprobs.ESTIMATORS["one_step"](spec, batch, 0.5)
   assert np.all(np.asarray(states) == spec.mask_id)
-  lengths = np.asarray(batch["prompt_lengths"])
+  lengths = np.asarray(batch.prompt_lengths)
   masked = (np.asarray(prompt) == spec.mask_id) & (np.arange(prompt.shape[1])[None] < lengths[:, None])
   assert 0 < masked.sum() < lengths.sum()
   for estimator in ("one_step", "coupled"):
@@ -121,10 +124,10 @@ def _state_by_state(model, spec, prompt_BxP, states_BxCxG, index_BxG, batch) -> 
   - block-causal: for the block (absolute position // block_size) holding token j, the sequence
     [prompt | clean tokens of earlier blocks | the state's tokens from that block on]; block-causal
     attention keeps later blocks out of its logits, so one batched call covers every block."""
-  tokens, lengths = np.asarray(batch["tokens"]), np.asarray(batch["prompt_lengths"])
+  tokens, lengths = np.asarray(batch.tokens), np.asarray(batch.prompt_lengths)
   rows, gen = tokens.shape
   out = np.zeros((rows, gen), np.float32)
-  block = spec.family == "block"
+  block = spec.attention == "block_causal"
   for r in range(rows):
     p = lengths[r]
     positions = p + np.arange(gen)

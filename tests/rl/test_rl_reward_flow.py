@@ -27,9 +27,10 @@ from dice.verifier.v1 import verifier_pb2 as pb
 from dice_jax.cli.train import load
 from dice_jax.data import problems as problems_lib
 from dice_jax.metrics_log import MetricsLogger
-from dice_jax.rewards import outcomes
+from dice_jax.rewards import defaults, outcomes
 from dice_jax.rl import loop as loop_lib
-from dice_jax.rl import rewarding, setup
+from dice_jax.rl import setup
+from dice_jax.rl.batch import RLBatch
 from dice_jax.rl.rollout import RolloutEngine
 from dice_jax.train.optim import cast_floating
 
@@ -53,9 +54,10 @@ def _responses(problem: problems_lib.Problem) -> list[str]:
   return [good, good, broken, "I would write a kernel here."]
 
 
-def _teacher_forced_batch(engine: RolloutEngine, params, items, texts: list[str]) -> dict[str, jax.Array]:
+def _teacher_forced_batch(engine: RolloutEngine, params, items, texts: list[str]) -> tuple[RLBatch, jax.Array]:
   """The rollout arrays `RolloutEngine.start` would build had the sampler written `texts` (one
-  token per step, in order), old log-probs recomputed under `params` (algo.old_logprobs=recompute)."""
+  token per step, in order), old log-probs recomputed under `params` (algo.old_logprobs=recompute),
+  and which rows ended with EOS (all)."""
   tok, spec, rows = engine.tokenizer, engine.spec, len(texts)
   tokens = np.full((rows, GEN), spec.pad_id, np.int32)
   valid = np.zeros((rows, GEN), bool)
@@ -65,14 +67,14 @@ def _teacher_forced_batch(engine: RolloutEngine, params, items, texts: list[str]
     tokens[r, :len(ids)], valid[r, :len(ids)] = ids, True
   ids, lengths = engine.prompt_arrays(items)
   block = spec.block_size
-  batch = {"prompt": jnp.asarray(ids), "prompt_lengths": jnp.asarray(lengths), "tokens": jnp.asarray(tokens),
-           "valid": jnp.asarray(valid),
-           "commit_rank": jnp.asarray(np.where(valid, np.arange(GEN)[None] % block, -1), jnp.int32),
-           "score_keys": jax.random.key_data(jax.random.split(jax.random.key(0), rows)),
-           "lengths": jnp.asarray(valid.sum(1), jnp.int32), "finished": jnp.ones(rows, bool)}
+  batch = RLBatch(prompt=jnp.asarray(ids), prompt_lengths=jnp.asarray(lengths), tokens=jnp.asarray(tokens),
+                  valid=jnp.asarray(valid),
+                  commit_rank=jnp.asarray(np.where(valid, np.arange(GEN)[None] % block, -1), jnp.int32),
+                  old_logp=jnp.zeros((rows, GEN), jnp.float32),  # recomputed next
+                  score_keys=jax.random.key_data(jax.random.split(jax.random.key(0), rows)))
   algo = engine.cfg.algo
-  batch["old_logp"] = engine._score(params, spec, algo.logprob, batch, algo.prompt_mask_prob)[0]
-  return batch
+  batch = batch.replace(old_logp=engine._score(params, spec, algo.logprob, batch, algo.prompt_mask_prob)[0])
+  return batch, jnp.ones(rows, bool)
 
 
 @pytest.mark.slow
@@ -84,7 +86,7 @@ def test_known_good_completions_earn_compile_reward_through_the_rl_step(tmp_path
                     "algo.old_logprobs=recompute", "checkpoint.every_steps=1", "logging.samples_per_phase=8",
                     "mesh.fsdp=4", "mesh.tensor=2"])  # 4 rows over the 8 test devices
   with setup.Run(cfg, cfg.run_dir) as run:
-    shaper = rewarding.build_shaper(cfg.rewards, run.connection.has_gpu)
+    shaper = defaults.make_shaper(cfg.rewards, has_gpu=run.connection.has_gpu)
     engine = RolloutEngine(cfg, run.graphdef, run.spec, run.sampling, run.mesh, run.tokenizer, run.book,
                            run.connection.client, run.verify_options)
     items = run.stream.next_batch(1, 0)
@@ -92,7 +94,7 @@ def test_known_good_completions_earn_compile_reward_through_the_rl_step(tmp_path
     texts = [t for item in items for t in _responses(by_id[item["problem_id"]])]
     params = cast_floating(run.state.params, jnp.float32)
     with jax.set_mesh(run.mesh):
-      inflight = engine.submit(0, items, _teacher_forced_batch(engine, params, items, texts))
+      inflight = engine.submit(0, items, *_teacher_forced_batch(engine, params, items, texts))
     verdicts = inflight.verdicts.result(timeout=600)
     labels = [outcomes.label(v) for v in verdicts]
     compiled_label = "OK" if run.connection.has_gpu else "NO_GPU"

@@ -11,7 +11,7 @@ import pathlib
 import pytest
 
 from dice_jax.cli import main as cli_main
-from dice_jax.cli import rewards as rewards_cli
+from dice_jax.cli.exit_codes import Exit
 from dice_jax.data import problems as problems_lib
 
 HERE = pathlib.Path(__file__).resolve().parent
@@ -39,7 +39,7 @@ def test_known_good_broken_and_code_less_completions(tmp_path, relu, monkeypatch
   code = cli_main.main(["rewards", "check", "--problems", "bundled:tiny", "--completions", str(completions),
                         "--verifier", "local", "--json", str(out),
                         "rewards.custom.letters.fn=rl_test_rewards:letter_fraction"])
-  assert code == rewards_cli.EXIT_OK
+  assert code == Exit.OK
   rows = json.loads(out.read_text())
   assert [r["outcome"] for r in rows] == ["NO_GPU", "COMPILE_ERROR", "FORMAT"]  # the auto preset: compile_only
   assert [r["components"]["compile"] for r in rows] == [1.0, 0.0, 0.0]
@@ -67,7 +67,7 @@ def test_known_good_broken_and_code_less_completions(tmp_path, relu, monkeypatch
 def test_bad_completion_files_are_clear_errors(tmp_path, capsys, lines, error):
   path = _write(tmp_path / "c.jsonl", lines)
   code = cli_main.main(["rewards", "check", "--problems", "bundled:tiny", "--completions", str(path)])
-  assert code == rewards_cli.EXIT_USAGE
+  assert code == Exit.USAGE
   assert error in capsys.readouterr().err
 
 

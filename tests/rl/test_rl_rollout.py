@@ -12,13 +12,13 @@ import pytest
 
 from dice.verifier.v1 import verifier_pb2 as pb
 from dice_jax.cli.train import load
-from dice_jax.rewards.channels import ClientConfig
-from dice_jax.rewards.sync_client import VerifierClient
 from dice_jax.rl.data import PromptBook
 from dice_jax.rl.rollout import RolloutEngine, eos_ids_for, sampler_config
-from dice_jax.rl.scoring import spec_for
+from dice_jax.sampler.config import resolve
 from dice_jax.train import model_setup
 from dice_jax.train.optim import cast_floating
+from dice_jax.verifier.channels import ClientConfig
+from dice_jax.verifier.sync_client import VerifierClient
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +37,7 @@ def engine_parts(tmp_path_factory):
   stream = book.stream((), cfg.data.phase2_files, need_phase1=False, need_phase2=True)
   client = VerifierClient(ClientConfig(targets=("127.0.0.1:9",), connect_timeout_s=0.5, max_attempts=1))
   graphdef = model_setup.abstract_params(config, mesh)[0]
-  spec = spec_for(config, sampling)
+  spec = resolve(sampling, config)
   # The frozen reference: another model (other seed), so its log-probs cannot pass for the policy's.
   ref_params = cast_floating(model_setup.load_params(
       dataclasses.replace(cfg.model, seed=cfg.model.seed + 1), config, mesh), np.float32)
@@ -52,21 +52,21 @@ def test_rollout_batch_old_and_reference_logprobs(engine_parts):
   items = stream.next_batch(0, 2)
   inflight = engine.start(0, params, items)
   batch = inflight.batch
-  assert batch["tokens"].shape == (8, 12) and batch["prompt"].shape == (8, 512)
-  lengths = np.asarray(batch["prompt_lengths"])
+  assert batch.tokens.shape == (8, 12) and batch.prompt.shape == (8, 512)
+  lengths = np.asarray(batch.prompt_lengths)
   assert np.all(lengths[:4] == lengths[0]) and np.all(lengths[4:] == lengths[4])  # 4 rows per prompt, in order
   # Two sampler calls of 4 rows (rollout.batch_size=4); rows of one prompt still differ (sampling).
-  tokens = np.asarray(batch["tokens"])
+  tokens = np.asarray(batch.tokens)
   assert len({tuple(t) for t in tokens[:4]}) > 1
   # Old log-probs recomputed under the sampling params (TraceRL) equal what the sampler recorded.
-  valid = np.asarray(batch["valid"])
+  valid = np.asarray(batch.valid)
   assert inflight.logprob_mismatch is not None and inflight.logprob_mismatch < 2e-5
   # The reference's are the reference model's (scored on the same trace), not the policy's.
   algo = engine.cfg.algo
   with jax.set_mesh(engine.mesh):
     want_ref = engine._score(ref_params, engine.spec, algo.logprob, batch, algo.prompt_mask_prob)[0]
     want_old = engine._score(params, engine.spec, algo.logprob, batch, algo.prompt_mask_prob)[0]
-  ref, old = np.asarray(batch["ref_logp"])[valid], np.asarray(batch["old_logp"])[valid]
+  ref, old = np.asarray(batch.ref_logp)[valid], np.asarray(batch.old_logp)[valid]
   np.testing.assert_allclose(ref, np.asarray(want_ref)[valid], atol=1e-6)
   np.testing.assert_allclose(old, np.asarray(want_old)[valid], atol=1e-6)
   assert np.abs(ref - old).mean() > 1e-2

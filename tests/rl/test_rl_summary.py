@@ -45,7 +45,7 @@ def test_a_run_that_earned_rewards_gets_no_zero_reward_note():
 def test_labels_of_verdicts():
   from dice.verifier.v1 import verifier_pb2 as pb
   from dice_jax.rewards.candidates import format_verdict
-  from dice_jax.rewards.client import infra_verdict
+  from dice_jax.verifier.client import infra_verdict
 
   server = pb.Environment(server_version="0.1.0")
   assert outcomes.label(format_verdict("format: empty generation")) == "FORMAT"

@@ -2,8 +2,8 @@
 subprocess on loopback, compile-only here), a user reward composed in through the config, SIGKILL
 and resume continuing identically, `dice plot`, and clear errors for bad configs and data.
 
-Runs are subprocesses (`python -m dice_jax.rl`, i.e. `dice train`) on one CPU device, sharing a
-JAX compilation cache so that the resumed runs reuse the first run's compiled programs.
+Runs are subprocesses (`python -m dice_jax.cli.main train`, i.e. `dice train`) on one CPU device,
+sharing a JAX compilation cache so that the resumed runs reuse the first run's compiled programs.
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def _env(workdir: pathlib.Path) -> dict[str, str]:
 def _command(workdir: pathlib.Path, run_dir: pathlib.Path, *extra: str) -> list[str]:
   # -P: the working directory is not put on sys.path, as for the `dice` console script; the runs
   # start in HERE, so the user module rl_test_rewards.py is found as a user's would be (no PYTHONPATH).
-  return [sys.executable, "-P", "-m", "dice_jax.rl", f"run_dir={run_dir}", *TEST_OVERRIDES,
+  return [sys.executable, "-P", "-m", "dice_jax.cli.main", "train", f"run_dir={run_dir}", *TEST_OVERRIDES,
           f"data.infilling_template={workdir / 'infill.yaml'}", f"data.end_to_end_template={workdir / 'e2e.yaml'}",
           *extra]
 
@@ -204,7 +204,6 @@ def test_tiny_yaml_is_the_built_in_default_and_recipes_load(tmp_path):
 
 def test_custom_reward_forms_and_import_from_the_working_directory(tmp_path, monkeypatch):
   from dice_jax.config import ConfigError
-  from dice_jax.rl import rewarding
 
   (tmp_path / "first_hour_rewards.py").write_text(
       "def short(prompts, completions, verdicts, **columns):\n"
@@ -219,7 +218,7 @@ def test_custom_reward_forms_and_import_from_the_working_directory(tmp_path, mon
   # Weights and normalisation of a short-form component, two ways; a later override keeps the list's entries.
   for extra in ("rewards.weights.short=0.1", "rewards.custom.short.weight=0.1"):
     cfg = train_cli.load(None, ["rewards.custom=[first_hour_rewards:short]", extra, "rewards.normalize.short=group"])
-    [component] = rewarding.custom_components(cfg.rewards)
+    [component] = cfg.rewards.custom_components()
     assert (component.name, component.weight, component.normalize) == ("short", 0.1, "group"), extra
     assert component.fn([], ["ab", "c"], []) == [-2.0, -1.0]
   with pytest.raises(ConfigError, match=r"rewards.custom\[1\]: .* gives the name 'short' twice"):
@@ -227,4 +226,4 @@ def test_custom_reward_forms_and_import_from_the_working_directory(tmp_path, mon
   with pytest.raises(ConfigError, match=r"rewards.custom.nocolon.fn: must be 'module:function'"):
     train_cli.load(None, ["rewards.custom=[nocolon]"])
   with pytest.raises(ConfigError, match="cannot import 'absent_module_xyz:fn' .*No module named"):
-    rewarding.custom_components(train_cli.load(None, ["rewards.custom=[absent_module_xyz:fn]"]).rewards)
+    train_cli.load(None, ["rewards.custom=[absent_module_xyz:fn]"]).rewards.custom_components()

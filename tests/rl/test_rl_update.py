@@ -10,9 +10,10 @@ from dice_jax import sharding
 from dice_jax.model import transformer
 from dice_jax.model.config import ModelConfig
 from dice_jax.rl import logprobs
+from dice_jax.rl.batch import RLBatch
 from dice_jax.rl.config import AlgoSection
-from dice_jax.rl.scoring import ScoringSpec
-from dice_jax.rl.update import batch_keys, make_update_step
+from dice_jax.rl.update import make_update_step
+from dice_jax.sampler.config import SamplerConfig, resolve
 from dice_jax.train.optim import OptimizerConfig, make_optimizer
 from dice_jax.train.step import compile_train_step
 from dice_jax.train.train_state import abstract_state, create_train_state, state_shardings
@@ -20,27 +21,27 @@ from dice_jax.train.train_state import abstract_state, create_train_state, state
 CONFIG = ModelConfig(architecture="sdar", attention="block_causal", block_size=4, vocab_size=64, hidden_size=32,
                      intermediate_size=64, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8,
                      max_position_embeddings=64, mask_token_id=63, eos_token_id=1, pad_token_id=0)
-SPEC = ScoringSpec(family="block", block_size=4, steps_per_block=4, gen_length=8, mask_id=63, pad_id=0,
-                   temperature=1.0)
+SPEC = resolve(SamplerConfig(gen_length=8), CONFIG)  # block 4, 4 steps per block, mask 63, pad 0, T 1
 GROUP, ROWS, WIDTH = 4, 16, 7
 
 
-def _batch(graphdef, params, algo: AlgoSection) -> dict:
+def _batch(graphdef, params, algo: AlgoSection) -> RLBatch:
   """A rollout-shaped batch (random tokens and commit ranks), old log-probs scored under `params`."""
   rng = np.random.default_rng(0)
   lengths = rng.integers(2, WIDTH + 1, ROWS).astype(np.int32)
   prompt = np.where(np.arange(WIDTH)[None] < lengths[:, None], rng.integers(2, 60, (ROWS, WIDTH)), 0)
   tokens = rng.integers(2, 60, (ROWS, SPEC.gen_length)).astype(np.int32)
   valid = np.arange(SPEC.gen_length)[None] < rng.integers(3, SPEC.gen_length + 1, ROWS)[:, None]
-  batch = dict(prompt=jnp.asarray(prompt, jnp.int32), prompt_lengths=jnp.asarray(lengths),
-               tokens=jnp.asarray(tokens), valid=jnp.asarray(valid),
-               commit_rank=jnp.asarray(rng.integers(0, 4, (ROWS, SPEC.gen_length)), jnp.int32),
-               score_keys=jax.random.key_data(jax.random.split(jax.random.key(1), ROWS)),
-               rewards=jnp.asarray(np.tile([1.0, 0.0, 0.5, 0.0], ROWS // GROUP), jnp.float32),
-               reward_valid=jnp.ones(ROWS, bool))
-  batch["old_logp"] = jax.jit(logprobs.policy_logprobs, static_argnums=(0, 2, 3))(
-      graphdef, params, SPEC, algo.logprob, batch)[0]
-  return {k: batch[k] for k in batch_keys(algo)}
+  batch = RLBatch(prompt=jnp.asarray(prompt, jnp.int32), prompt_lengths=jnp.asarray(lengths),
+                  tokens=jnp.asarray(tokens), valid=jnp.asarray(valid),
+                  commit_rank=jnp.asarray(rng.integers(0, 4, (ROWS, SPEC.gen_length)), jnp.int32),
+                  old_logp=jnp.zeros((ROWS, SPEC.gen_length), jnp.float32),  # scored next
+                  score_keys=jax.random.key_data(jax.random.split(jax.random.key(1), ROWS)),
+                  rewards=jnp.asarray(np.tile([1.0, 0.0, 0.5, 0.0], ROWS // GROUP), jnp.float32),
+                  reward_valid=jnp.ones(ROWS, bool))
+  assert not algo.uses_reference  # no ref_logp here
+  return batch.replace(old_logp=jax.jit(logprobs.policy_logprobs, static_argnums=(0, 2, 3))(
+      graphdef, params, SPEC, algo.logprob, batch)[0])
 
 
 def _update(mesh, algo: AlgoSection, minibatches: int, lr: float = 1e-3):
@@ -74,7 +75,7 @@ def test_on_policy_update_has_ratio_one_and_moves_logprobs_with_the_advantage():
   score = jax.jit(logprobs.policy_logprobs, static_argnums=(0, 2, 3))
   old = np.asarray(score(graphdef, before, SPEC, "trace", batch)[0])
   new = np.asarray(score(graphdef, after, SPEC, "trace", batch)[0])
-  valid = np.asarray(batch["valid"])
+  valid = np.asarray(batch.valid)
   change = ((new - old) * valid).sum(axis=1)
   adv = np.tile([0.625, -0.375, 0.125, -0.375], ROWS // GROUP)  # rewards minus the group mean 0.375
   assert np.all(change[adv > 0.5] > 0) and np.all(change[adv < 0] < 0)

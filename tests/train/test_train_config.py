@@ -7,8 +7,8 @@ from typing import Literal
 
 import pytest
 
-from dice_jax.config import (ConfigError, apply_overrides, dump_yaml, from_dict, load_config,
-                             require, require_file, to_dict)
+from dice_jax.config import (ConfigError, apply_overrides, from_dict, load_config, require, require_file,
+                             to_dict, to_yaml)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,7 +65,7 @@ def test_defaults_yaml_and_overrides(tmp_path):
   cfg2 = load_config(Top, None, ["extra.lr=0.5"])
   assert cfg2.extra == Opt(lr=0.5)
   out = tmp_path / "resolved.yaml"
-  dump_yaml(cfg, str(out))
+  out.write_text(to_yaml(cfg))
   assert load_config(Top, str(out)) == cfg
   assert from_dict(Top, to_dict(cfg)) == cfg
 
@@ -106,3 +106,26 @@ def test_apply_overrides_keeps_input():
   data = {"opt": {"lr": 1.0}}
   out = apply_overrides(Top, data, ["opt.lr=2"])
   assert data == {"opt": {"lr": 1.0}} and out == {"opt": {"lr": 2}}
+
+
+def test_base_files_are_read_first_and_overridden(tmp_path):
+  (tmp_path / "family").mkdir()
+  (tmp_path / "family" / "root.yaml").write_text(
+      "opt:\n  lr: 1e-3\n  steps: 7\n  betas: [0.8, 0.9]\ndata:\n  files: [a.json, b.json]\n"
+      "  weights: {x: 1.0, y: 2.0}\n")
+  (tmp_path / "family" / "mid.yaml").write_text("base: root.yaml\nopt:\n  steps: 8\n")
+  path = _write(tmp_path, "base: family/mid.yaml\nopt:\n  schedule: cosine\ndata:\n  files: [c.json]\n"
+                          "  weights: {y: 3.0}\n")
+  cfg = load_config(Top, path, ["opt.lr=2e-3"])
+  # Mappings merge key by key (through two bases); lists and scalars replace; overrides come last.
+  assert cfg.opt == Opt(lr=2e-3, steps=8, schedule="cosine", betas=(0.8, 0.9))
+  assert cfg.data.files == ("c.json",) and cfg.data.weights == {"x": 1.0, "y": 3.0}
+
+
+def test_base_errors_name_the_files(tmp_path):
+  with pytest.raises(ConfigError, match=r"config file not found: .*nothere.yaml.* \(the base of .*c.yaml\)"):
+    load_config(Top, _write(tmp_path, "base: nothere.yaml\n"))
+  with pytest.raises(ConfigError, match="includes itself"):
+    load_config(Top, _write(tmp_path, "base: c.yaml\n"))
+  with pytest.raises(ConfigError, match="base must name a YAML file, got 3"):
+    load_config(Top, _write(tmp_path, "base: 3\n"))

@@ -15,8 +15,7 @@ from dice_jax.config import ConfigError, load_config
 from dice_jax.train.optim import (OptimizerConfig, cast_floating, decay_mask, make_optimizer,
                                   make_schedule)
 from dice_jax.train.step import compile_train_step, format_memory_analysis, make_train_step
-from dice_jax.train.train_state import (TrainState, abstract_params_of, abstract_state,
-                                        create_train_state, state_shardings)
+from dice_jax.train.train_state import TrainState, abstract_state, create_train_state, state_shardings
 
 D, K, B = 16, 8, 16
 
@@ -39,7 +38,8 @@ def _setup(mesh, opt_cfg=OPT, accum=1, dtype=jnp.float32):
             "b": jax.device_put(jnp.zeros((K,)), b_sharding)}
   tx, schedule = make_optimizer(opt_cfg, total_steps=20)
   shardings = state_shardings(tx, {"w": w_sharding, "b": b_sharding}, params, mesh)
-  abstract = abstract_state(tx, abstract_params_of(params), shardings)
+  placed = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), params)
+  abstract = abstract_state(tx, placed, shardings)
   state = create_train_state(params, tx, seed=1, shardings=shardings)
   batch_sharding = NamedSharding(mesh, P(("data", "fsdp")))
   step = make_train_step(_loss_fn, tx, schedule, compute_dtype=dtype, grad_accum_steps=accum)

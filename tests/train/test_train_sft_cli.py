@@ -166,10 +166,10 @@ def test_sigterm_saves_and_exits_75(tmp_path, env, short_data):
   assert max(_logged_steps(run_dir)) == step
 
 
-def test_divergence_exits_3_without_saving_the_bad_state(tmp_path, env, short_data):
+def test_divergence_exits_5_without_saving_the_bad_state(tmp_path, env, short_data):
   run_dir = tmp_path / "run"
   code, out = _run(env, f"run_dir={run_dir}", *_resume_args(short_data), "optimizer.lr=1e30")
-  assert code == 3, out
+  assert code == 5, out  # Exit.DIVERGED (dice_jax.cli.exit_codes)
   found = re.search(r"training diverged: loss is (nan|inf) at step (\d+)", out)
   assert found, out
   assert all(s < int(found.group(2)) for s in _committed(run_dir))  # no checkpoint of a NaN state

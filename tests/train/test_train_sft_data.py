@@ -11,12 +11,12 @@ from dice_jax.config import ConfigError, load_config
 from dice_jax.data import sft_data
 from dice_jax.data.sft_data import SFTDataConfig, SFTDataError
 from dice_jax.model.tokenizer import load_tokenizer
-from dice_jax.train.tiny_tokenizer import byte_tokenizer
+from dice_jax.train.tiny_tokenizer import write_byte_tokenizer
 
 
 @pytest.fixture(scope="module")
 def tok(tmp_path_factory):
-  return byte_tokenizer(tmp_path_factory.mktemp("tok"))
+  return load_tokenizer(write_byte_tokenizer(tmp_path_factory.mktemp("tok")))
 
 
 def _jsonl(path, records):

@@ -1,6 +1,6 @@
-"""Reaching the verifier for `dice eval` and `dice generate`: targets, preflight, what it can do.
+"""Reaching the verifier for every command: targets, preflight, what it can do.
 
-A spec is `local` (a loopback server started for this run, see local_verifier.py) or one or more
+A spec is `local` (a loopback server started for this run, see local.py) or one or more
 `HOST:PORT` / gRPC target URIs separated by commas. Before any work is queued, every target is
 asked for its ServerInfo, so an unreachable or unauthorised verifier is one clear error at the
 start instead of a run of INFRA_ERROR verdicts, and the reports can say up front whether the
@@ -9,17 +9,15 @@ verifier has a GPU (if not, verdicts are compile-only) and which architecture it
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
 import os
-import signal
-import threading
 
 from dice.verifier.v1 import verifier_pb2 as pb
-from dice_jax.eval.local_verifier import LocalVerifier
-from dice_jax.rewards.channels import ClientConfig
-from dice_jax.rewards.sync_client import VerifierClient
+from dice_jax.verifier.channels import ClientConfig
+from dice_jax.verifier.defaults import EVALUATION, UseDefaults
+from dice_jax.verifier.local import LocalVerifier, LocalVerifierError
+from dice_jax.verifier.sync_client import VerifierClient
 
 _log = logging.getLogger(__name__)
 LOCAL = "local"
@@ -27,6 +25,11 @@ LOCAL = "local"
 
 class VerifierUnreachable(RuntimeError):
   """No verifier target answered the preflight."""
+
+
+# What `connect` raises when there is no verifier to use (the commands' exit code VERIFIER);
+# ValueError means a malformed spec or unreadable token/TLS files (a usage error).
+UNAVAILABLE = (VerifierUnreachable, LocalVerifierError)
 
 
 @dataclasses.dataclass
@@ -67,26 +70,6 @@ class Connection:
         self.local.stop()
 
 
-@contextlib.contextmanager
-def sigterm_as_interrupt():
-  """Within the block, SIGTERM (e.g. `timeout`, a batch scheduler) raises KeyboardInterrupt like
-  Ctrl-C, so `finally` blocks run: a local verifier is stopped instead of being orphaned, and
-  the interrupted command exits with its documented code. No-op outside the main thread."""
-  if threading.current_thread() is not threading.main_thread():
-    yield
-    return
-
-  def interrupt(signum, frame):
-    del signum, frame
-    raise KeyboardInterrupt
-
-  previous = signal.signal(signal.SIGTERM, interrupt)
-  try:
-    yield
-  finally:
-    signal.signal(signal.SIGTERM, previous)
-
-
 def parse_targets(spec: str) -> tuple[str, ...]:
   targets = tuple(t.strip() for t in spec.split(",") if t.strip())
   if not targets:
@@ -97,23 +80,18 @@ def parse_targets(spec: str) -> tuple[str, ...]:
   return targets
 
 
-def connect(spec: str, *, connect_timeout_s: float = 5.0, request_timeout_s: float = 1800.0,
-            max_in_flight: int = 32, auth_token_file: str | None = None,
-            local_cache_dir: str | os.PathLike[str] | None = None,
+def connect(spec: str, *, use: UseDefaults = EVALUATION, local_cache_dir: str | os.PathLike[str] | None = None,
             local_log: str | os.PathLike[str] | None = None, **client_settings) -> Connection:
-  """A preflighted connection; raises VerifierUnreachable (or LocalVerifierError, ValueError).
+  """A preflighted connection; raises one of UNAVAILABLE (or ValueError for a bad spec or files).
 
-  request_timeout_s is per request from send to verdict: an evaluation queues many candidates
-  behind a few compile workers, so it is much longer than the trainer's default.
-  `client_settings` are further ClientConfig fields (TLS, streams_per_target, ...).
+  `use`: the timeouts and in-flight window (defaults.TRAINING or EVALUATION); `client_settings`
+  are ClientConfig fields that override them or add to them (auth_token_file, TLS, ...).
   """
   local = LocalVerifier(cache_dir=local_cache_dir, log_path=local_log) if spec.strip() == LOCAL else None
   client = None
   try:  # whatever goes wrong (Ctrl-C included), a started local server is stopped
     targets = (local.start(),) if local is not None else parse_targets(spec)
-    client = VerifierClient(ClientConfig(
-        targets=targets, connect_timeout_s=connect_timeout_s, request_timeout_s=request_timeout_s,
-        max_in_flight_per_stream=max_in_flight, auth_token_file=auth_token_file, **client_settings))
+    client = VerifierClient(ClientConfig(targets=targets, **(dataclasses.asdict(use) | client_settings)))
     answers = client.info()
     info = {t: a for t, a in answers.items() if isinstance(a, pb.ServerInfo)}
     errors = {t: a for t, a in answers.items() if not isinstance(a, pb.ServerInfo)}

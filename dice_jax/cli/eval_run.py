@@ -1,4 +1,5 @@
-"""The body of the `dice eval` command (argument parsing lives in dice_jax/cli/eval.py)."""
+"""The body of `dice eval` once its arguments are checked (the parser is dice_jax/cli/eval.py, which
+imports this only when the command runs, so `dice --help` stays fast)."""
 
 from __future__ import annotations
 
@@ -12,21 +13,20 @@ from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColum
                            TimeElapsedColumn, TimeRemainingColumn)
 
 from dice.verifier.v1 import verifier_pb2 as pb
+from dice_jax.cli import sampling
+from dice_jax.cli.exit_codes import Exit
 from dice_jax.data import prompts
 from dice_jax.data.problems import ProblemLoadError, load_problems
 from dice_jax.eval import compare as compare_lib
-from dice_jax.eval import connect as connect_lib
 from dice_jax.eval import generations as gen_lib
 from dice_jax.eval import pipeline
 from dice_jax.eval import report
-from dice_jax.eval.local_verifier import LocalVerifierError
-
-EXIT_OK, EXIT_USAGE, EXIT_VERIFIER = 0, 2, 4
-_PRECISIONS = {"fp32": pb.FP32, "fp16": pb.FP16, "bf16": pb.BF16}
-_POLICIES = {"default": pb.POLICY_DEFAULT, "strict": pb.POLICY_STRICT}
+from dice_jax.verifier import connect as connect_lib
+from dice_jax.verifier.defaults import EVALUATION
+from dice_jax.verifier.options import verify_options
 
 
-def _error(message: str, code: int = EXIT_USAGE) -> int:
+def _error(message: str, code: int = Exit.USAGE) -> int:
   print(f"dice eval: error: {message}", file=sys.stderr)
   return code
 
@@ -51,20 +51,12 @@ def _template(path: str | None, default: prompts.PromptTemplate) -> prompts.Prom
   return prompts.PromptTemplate.from_yaml(path) if path else default
 
 
-def options_from(args: argparse.Namespace) -> pb.VerifyOptions:
-  policy = getattr(args, "policy", None)
-  return pb.VerifyOptions(precision=_PRECISIONS[args.precision], num_correctness_trials=args.trials,
-                          atol=args.atol, rtol=args.rtol, skip_timing=args.skip_timing,
-                          policy=_POLICIES[policy] if policy else pb.POLICY_UNSPECIFIED)
-
-
-def _model_source(args: argparse.Namespace) -> pipeline.ModelSource:
-  from dice_jax.generation.completion import DecodeSettings  # pylint: disable=import-outside-toplevel
-  decode = DecodeSettings(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-                          top_p=args.top_p, greedy=args.samples == 1, mode=args.decode_mode,
-                          threshold=args.threshold)
-  return pipeline.ModelSource(
-      model_dir=args.model, samples=args.samples, decode=decode, seed=args.seed,
+def _model_source(args: argparse.Namespace):
+  """`--model`'s sampling (dice_jax.eval.model_samples, imported only here: it loads JAX)."""
+  from dice_jax.eval import model_samples  # pylint: disable=import-outside-toplevel
+  return model_samples.ModelSource(
+      model_dir=args.model, samples=args.samples, decode=sampling.from_args(args, greedy=args.samples == 1),
+      seed=args.seed,
       batch_size=args.batch_size,
       infilling_template=_template(args.template_infilling, prompts.INFILLING),
       end_to_end_template=_template(args.template_end_to_end, prompts.END_TO_END))
@@ -87,7 +79,8 @@ def evaluate(args: argparse.Namespace) -> int:
   out = args.out or default_out(args)
   args.resolved_out = out
   out.mkdir(parents=True, exist_ok=True)
-  options = options_from(args)
+  options = verify_options(precision=args.precision, trials=args.trials, atol=args.atol, rtol=args.rtol,
+                           skip_timing=args.skip_timing, policy=args.policy)
   try:
     if args.reference_generations:
       gen_lib.write_reference_generations(out / "generations", problems)
@@ -98,10 +91,11 @@ def evaluate(args: argparse.Namespace) -> int:
     return _error(str(e))
   try:
     connection = connect_lib.connect(
-        args.verifier, connect_timeout_s=args.connect_timeout, request_timeout_s=args.request_timeout,
-        auth_token_file=args.auth_token_file, local_log=out / "verifier.log")
-  except (connect_lib.VerifierUnreachable, LocalVerifierError) as e:
-    return _error(str(e), EXIT_VERIFIER)
+        args.verifier, use=EVALUATION, connect_timeout_s=args.connect_timeout,
+        request_timeout_s=args.request_timeout, auth_token_file=args.auth_token_file,
+        local_log=out / "verifier.log")
+  except connect_lib.UNAVAILABLE as e:
+    return _error(str(e), Exit.VERIFIER)
   except ValueError as e:
     return _error(str(e))
   try:
@@ -109,8 +103,8 @@ def evaluate(args: argparse.Namespace) -> int:
     if source is not None:
       with _progress(progress_console) as progress:
         task = progress.add_task("generating", total=None)
-        made = pipeline.generate_missing(
-            gens_dir, problems, source, mode,
+        made = source.generate_missing(
+            gens_dir, problems, mode,
             on_batch=lambda done, total: progress.update(task, completed=done, total=total))
       progress_console.print(f"generated {made} sample(s) into {gens_dir}")
     gens = gen_lib.read_generations(gens_dir, problems, allow_missing=args.allow_missing)
@@ -139,7 +133,7 @@ def evaluate(args: argparse.Namespace) -> int:
   console.print(f"{outcome.sent} candidate(s) verified now, {outcome.from_store} from earlier runs; "
                 f"results in {out}/ (summary.json, summary.md, problems/, "
                 f"{'plots' if outcome.plots else 'no plots'})")
-  return EXIT_VERIFIER if outcome.infra else EXIT_OK
+  return Exit.VERIFIER if outcome.infra else Exit.OK
 
 
 def compare(args: argparse.Namespace) -> int:
@@ -154,4 +148,4 @@ def compare(args: argparse.Namespace) -> int:
   if args.out:
     compare_lib.write_outputs(args.out, result)
     console.print(f"written: {args.out}/compare.json, compare.md, compare_fast_p.png")
-  return EXIT_OK
+  return Exit.OK

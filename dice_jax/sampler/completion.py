@@ -4,14 +4,14 @@ Shared by `dice eval --model` and `KernelGenerator`. Batching keeps the number o
 programs small: rows are sorted by prompt length, cut into batches of exactly `batch_size` rows
 (the last one filled with copies, whose outputs are dropped), and every batch is right-padded to a
 multiple of `PAD_MULTIPLE` tokens, so a whole evaluation compiles a handful of shapes.
-Greedy decoding is the sampler's top_k=1 (what `dice eval` uses with one sample per problem).
+Settings are a SamplerConfig (greedy decoding is its top_k=1, what `dice eval` uses with one sample
+per problem); `eos_ids=None` stops at the model's, the tokenizer's and the chat end-of-turn ids.
 A prompt that does not fit the model's context with the requested new tokens is an error naming
 it; nothing is truncated.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from collections.abc import Callable, Sequence
 
@@ -20,38 +20,11 @@ import numpy as np
 
 from dice_jax.model import hf_io
 from dice_jax.model.tokenizer import load_tokenizer
-from dice_jax.sampler import SamplerConfig, sample
+from dice_jax.sampler.api import sample
+from dice_jax.sampler.config import SamplerConfig
 
 PAD_MULTIPLE = 512  # few distinct prompt widths, so few sampler compiles per evaluation
 Messages = list[dict[str, str]]
-
-
-@dataclasses.dataclass(frozen=True)
-class DecodeSettings:
-  """User-facing decoding knobs; `sampler_config` turns them into a SamplerConfig."""
-
-  max_new_tokens: int = 4096  # DICE's limit
-  temperature: float = 1.0  # 0 means greedy
-  top_p: float = 1.0
-  greedy: bool = False
-  mode: str = "dynamic"  # DICE's rollout rule: commit every token with confidence >= threshold
-  threshold: float = 0.9
-  steps_per_block: int | None = None
-
-  def __post_init__(self):
-    if self.max_new_tokens < 1:
-      raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
-    if self.temperature < 0:
-      raise ValueError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
-
-  @property
-  def is_greedy(self) -> bool:
-    return self.greedy or self.temperature == 0
-
-  def describe(self) -> str:
-    rule = f"{self.mode}" + (f" threshold {self.threshold:g}" if self.mode == "dynamic" else "")
-    how = "greedy (top_k=1)" if self.is_greedy else f"temperature {self.temperature:g}, top_p {self.top_p:g}"
-    return f"{how}; {rule}; up to {self.max_new_tokens} new tokens"
 
 
 class CompletionModel:
@@ -73,30 +46,25 @@ class CompletionModel:
     self.eos_ids = tuple(sorted({i for i in eos if i is not None}))
     self.max_length = config.max_position_embeddings
 
-  def sampler_config(self, settings: DecodeSettings) -> SamplerConfig:
-    if settings.is_greedy:
-      sampling = dict(top_k=1, temperature=1.0, top_p=1.0)
-    else:
-      sampling = dict(top_k=0, temperature=settings.temperature, top_p=settings.top_p)
-    return SamplerConfig(gen_length=settings.max_new_tokens, mode=settings.mode,
-                         threshold=settings.threshold, steps_per_block=settings.steps_per_block,
-                         eos_ids=self.eos_ids, **sampling)
+  def sampler_config(self, settings: SamplerConfig) -> SamplerConfig:
+    """`settings` with this checkpoint's stop ids where it gives none."""
+    return settings if settings.eos_ids is not None else settings.replace(eos_ids=self.eos_ids)
 
   def encode(self, messages: Messages) -> list[int]:
     return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
 
-  def check_fits(self, prompts: Sequence[list[int]], settings: DecodeSettings,
+  def check_fits(self, prompts: Sequence[list[int]], settings: SamplerConfig,
                  names: Sequence[str] | None = None) -> None:
-    """ValueError naming every prompt that leaves no room for max_new_tokens."""
-    limit = self.max_length - settings.max_new_tokens
+    """ValueError naming every prompt that leaves no room for `settings.gen_length` new tokens."""
+    limit = self.max_length - settings.gen_length
     too_long = [(names[i] if names else str(i), len(p)) for i, p in enumerate(prompts) if len(p) > limit]
     if too_long:
       listed = ", ".join(f"{n} ({t} tokens)" for n, t in too_long[:5])
       raise ValueError(f"{len(too_long)} prompt(s) do not fit the model's context of {self.max_length} "
-                       f"tokens with {settings.max_new_tokens} new tokens (at most {limit} prompt "
-                       f"tokens): {listed}; lower --max-new-tokens or leave these problems out")
+                       f"tokens with {settings.gen_length} new tokens (at most {limit} prompt "
+                       f"tokens): {listed}; lower --gen-length or leave these problems out")
 
-  def complete(self, prompts: Sequence[list[int]], settings: DecodeSettings, *, seed: int = 0,
+  def complete(self, prompts: Sequence[list[int]], settings: SamplerConfig, *, seed: int = 0,
                batch_size: int = 8,
                on_batch: Callable[[list[int], list[str]], None] | None = None) -> list[str]:
     """One completion per prompt (repeat a prompt for several samples); `on_batch(rows, texts)`
@@ -112,7 +80,7 @@ class CompletionModel:
       filled = rows + [rows[-1]] * (batch_size - len(rows))
       lengths = np.array([len(prompts[i]) for i in filled], np.int32)
       width = min(-(-int(lengths.max()) // PAD_MULTIPLE) * PAD_MULTIPLE,
-                  self.max_length - settings.max_new_tokens)
+                  self.max_length - settings.gen_length)
       batch = np.zeros((batch_size, width), np.int32)
       for r, i in enumerate(filled):
         batch[r, :len(prompts[i])] = prompts[i]

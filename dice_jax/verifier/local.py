@@ -3,8 +3,8 @@
 Decision: a child process (`python -m verifier_service.cli serve --listen 127.0.0.1:<port>`), not
 the verifier's scheduler inside our process. It is the same server and the same gRPC path a remote
 farm uses (so there is one client code path and one set of verdict semantics); dice_jax keeps
-never importing verifier_service or torch (DESIGN §2); compile processes and GPU workers cannot take
-the caller down; and it is stopped (SIGTERM, then SIGKILL) when the run ends. It needs the
+never importing verifier_service or torch (ARCHITECTURE.md); compile processes and GPU workers
+cannot take the caller down; and it is stopped (SIGTERM, then SIGKILL) when the run ends. It needs the
 verifier's install (`pip install "dice-jax[verify]"`, torch and nvcc); without a GPU it gives
 compile-only NO_GPU verdicts, which every report states plainly.
 

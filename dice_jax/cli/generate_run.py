@@ -1,4 +1,5 @@
-"""The body of the `dice generate` command (argument parsing lives in dice_jax/cli/generate.py)."""
+"""The body of `dice generate` once its arguments are checked (the parser is dice_jax/cli/generate.py,
+which imports this only when the command runs, so `dice --help` stays fast)."""
 
 from __future__ import annotations
 
@@ -11,21 +12,19 @@ from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColum
                            TimeElapsedColumn)
 from rich.table import Table
 
-from dice.verifier.v1 import verifier_pb2 as pb
+from dice_jax.cli import sampling
+from dice_jax.cli.exit_codes import Exit
 from dice_jax.data import prompts
-from dice_jax.eval import connect as connect_lib
 from dice_jax.eval import records
 from dice_jax.eval import report
-from dice_jax.eval.local_verifier import LocalVerifierError
 from dice_jax.generation import arch as arch_lib
-from dice_jax.generation.completion import DecodeSettings
 from dice_jax.generation.generator import DESCRIPTION, GenerationResult, KernelGenerator, read_reference
 from dice_jax.generation.ranking import Candidate
+from dice_jax.verifier import connect as connect_lib
+from dice_jax.verifier.options import verify_options
 
-EXIT_OK, EXIT_NONE, EXIT_USAGE, EXIT_UNVERIFIED, EXIT_VERIFIER = 0, 1, 2, 3, 4
 
-
-def _error(message: str, code: int = EXIT_USAGE) -> int:
+def _error(message: str, code: int = Exit.USAGE) -> int:
   print(f"dice generate: error: {message}", file=sys.stderr)
   return code
 
@@ -66,9 +65,8 @@ def generate(args: argparse.Namespace, injected: list[str]) -> int:
   try:
     reference = read_reference(args.reference) if args.reference is not None else None
     template = prompts.PromptTemplate.from_yaml(args.template) if args.template else None
-    decode = DecodeSettings(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-                            top_p=args.top_p)
-    options = pb.VerifyOptions(num_correctness_trials=args.trials, atol=args.atol, rtol=args.rtol)
+    decode = sampling.from_args(args)
+    options = verify_options(precision=args.precision, trials=args.trials, atol=args.atol, rtol=args.rtol)
     if args.arch is not None:
       arch_lib.parse(args.arch)
     kwargs = {}
@@ -83,8 +81,8 @@ def generate(args: argparse.Namespace, injected: list[str]) -> int:
         gen = KernelGenerator(args.model, verifier=args.verifier, arch=args.arch,
                               precision=args.precision, decode=decode, options=options,
                               connect_timeout_s=args.connect_timeout, **kwargs)
-    except (connect_lib.VerifierUnreachable, LocalVerifierError) as e:
-      return _error(str(e), EXIT_VERIFIER)
+    except connect_lib.UNAVAILABLE as e:
+      return _error(str(e), Exit.VERIFIER)
     progress_console.print(f"verifier: {gen.connection.describe()}; target "
                            f"{arch_lib.describe(gen.arch)}, {gen.precision}")
     total = args.samples + len(injected)
@@ -111,12 +109,12 @@ def generate(args: argparse.Namespace, injected: list[str]) -> int:
   if winner is None:
     console.print("nothing written: " + ("no candidate was proven correct"
                                          if result.correctness_available else "no candidate compiled"))
-    return EXIT_VERIFIER if all(c.outcome == "INFRA_ERROR" for c in result.candidates) else EXIT_NONE
+    return Exit.VERIFIER if all(c.outcome == "INFRA_ERROR" for c in result.candidates) else Exit.NONE_CORRECT
   path = result.write(args.out)
   if verified:
     speed = f"{winner.speedup:.2f}x faster than PyTorch" if winner.speedup else "untimed"
     console.print(f"wrote {path}: {winner.name}, verified correct, {speed}")
-    return EXIT_OK
+    return Exit.OK
   why = "description-only mode" if result.mode == DESCRIPTION else "the verifier has no GPU"
   console.print(f"wrote {path}: {winner.name}, compiled but UNVERIFIED ({why})")
-  return EXIT_UNVERIFIED
+  return Exit.UNVERIFIED

@@ -2,7 +2,8 @@
 
 The async client runs on a process-wide event loop in a daemon thread. `submit` returns a
 `concurrent.futures.Future` at once, which is how the trainer overlaps verification of step k
-with the rollout of step k+1 (DESIGN §1); `verify_batch` is submit-and-wait.
+with the rollout of step k+1 (ARCHITECTURE.md, "From prompt to gradient"); `verify_batch` is
+submit-and-wait.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import threading
 from collections.abc import Sequence
 
 from dice.verifier.v1 import verifier_pb2 as pb
-from dice_jax.rewards.client import AsyncVerifierClient, ClientConfig, Verdict, VerifyItem, VerifyOptions
+from dice_jax.verifier.client import AsyncVerifierClient, ClientConfig, Verdict, VerifyItem, VerifyOptions
 
 
 _loop: asyncio.AbstractEventLoop | None = None

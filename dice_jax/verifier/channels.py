@@ -1,5 +1,6 @@
 """How the client reaches verifier targets: its settings, TLS or plaintext channels, bearer-token
 metadata, load-balancing policy and reconnect timing. The retry/spreading logic is in client.py.
+ClientConfig's timeouts and in-flight window default to those of training (defaults.py).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import pathlib
 import grpc
 
 from dice.verifier.v1 import verifier_pb2_grpc as pb_grpc
+from dice_jax.verifier.defaults import TRAINING
 
 _log = logging.getLogger(__name__)
 _ROUND_ROBIN = json.dumps({"loadBalancingConfig": [{"round_robin": {}}]})
@@ -25,12 +27,12 @@ class ClientConfig:
   """Verifier client settings (a config section: scalars only)."""
 
   targets: tuple[str, ...] = ("127.0.0.1:50051",)
-  request_timeout_s: float = 300.0    # per send: from write to verdict
-  connect_timeout_s: float = 5.0      # per connection try
+  request_timeout_s: float = TRAINING.request_timeout_s  # per send: from write to verdict
+  connect_timeout_s: float = TRAINING.connect_timeout_s  # per connection try
   max_attempts: int = 3               # sends per request (and connection tries before giving up)
   backoff_initial_s: float = 0.5
   backoff_max_s: float = 10.0
-  max_in_flight_per_stream: int = 64
+  max_in_flight_per_stream: int = TRAINING.max_in_flight_per_stream
   streams_per_target: int = 1
   cache_entries: int = 100_000
   auth_token_file: str | None = None  # file holding a bearer token, sent as `authorization`
