@@ -1,21 +1,22 @@
-"""The hostile suite on a GPU: every file in tests/adversarial/gpu/ must get its intended verdict.
+"""The hostile suite on a GPU: every case of gpu_cases.py must get its intended verdict.
 
-Each file is a KernelBench-format candidate whose first line says what it must get:
+Each case is a KernelBench-format candidate whose first line says what it must get:
   # adversarial-case: expect=OUTCOME[|OUTCOME] problem=NAME [exploits=KIND[|KIND]] [timeout=S]
                       [policy=POLICY_DEFAULT|POLICY_STRICT]
 `problem` names the reference in tests/adversarial/problems/; `policy` the partial-replacement
-policy of the request (default: the server's). Files starting with `honest_` must
-come back OK with no exploit at all (a finding there is a false positive); every other file must
+policy of the request (default: the server's). Cases named `honest_...` must
+come back OK with no exploit at all (a finding there is a false positive); every other case must
 not come back OK, must get one of its outcomes, and must name its exploit kinds (otherwise it is a
 false negative). The fault cases (hangs, crashes, illegal addresses, OOM) also prove the worker
 is replaced: an honest candidate verified after the suite must still be OK.
 
-Output: a table per file on stdout, counts of false positives/negatives, and a JSON report in
+Output: a table per case on stdout, counts of false positives/negatives, and a JSON report in
 $DICE_REPORT_DIR/adversarial_gpu_report.json when that variable is set.
 """
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import collections
 import concurrent.futures
@@ -31,6 +32,7 @@ from dice.verifier.v1 import verifier_pb2 as pb
 
 from verifier_service import checks
 
+import gpu_cases
 import verifier_harness
 
 HERE = pathlib.Path(__file__).resolve().parent
@@ -38,19 +40,46 @@ _HEADER = re.compile(r"^# adversarial-case: (.*)$", re.MULTILINE)
 
 
 def load_cases() -> list[dict]:
-  """Every case file with its header fields."""
+  """Every case with the fields its header states (the header, not the catalogue, is what a
+  file written by `gpu_cases.py --write` carries)."""
   cases = []
-  for path in sorted((HERE / "gpu").glob("*.py")):
-    text = path.read_text()
-    fields = dict(kv.split("=", 1) for kv in _HEADER.search(text).group(1).split())
+  for case in gpu_cases.cases():
+    fields = dict(kv.split("=", 1) for kv in _HEADER.search(case.source).group(1).split())
     cases.append({
-        "name": path.stem, "source": text,
+        "name": case.name, "source": case.source,
         "reference": (HERE / "problems" / f"{fields['problem']}.py").read_text(),
         "expect": set(fields["expect"].split("|")),
         "exploits": set(fields["exploits"].split("|")) if "exploits" in fields else set(),
-        "timeout": float(fields.get("timeout", 0)), "honest": path.stem.startswith("honest_"),
+        "timeout": float(fields.get("timeout", 0)), "honest": case.name.startswith("honest_"),
         "policy": fields.get("policy", "POLICY_UNSPECIFIED")})
   return cases
+
+
+def _source(name: str) -> str:
+  return next(case.source for case in gpu_cases.cases() if case.name == name)
+
+
+def test_generated_cases_are_candidates_with_their_header(tmp_path):
+  """Runs everywhere: each generated case is Python that defines ModelNew, calls load_inline,
+  and carries a header stating the case's expected verdict; the writer emits them as files."""
+  catalogue = gpu_cases.cases()
+  assert len(catalogue) == 42 and len({c.name for c in catalogue}) == 42
+  for case in catalogue:
+    tree = ast.parse(case.source, filename=f"{case.name}.py")
+    classes = {node.name for node in tree.body if isinstance(node, ast.ClassDef)}
+    assert "ModelNew" in classes, case.name
+    assert "load_inline(" in case.source and "__global__" in case.source, case.name
+    header = _HEADER.match(case.source)
+    assert header, case.name
+    fields = dict(kv.split("=", 1) for kv in header.group(1).split())
+    assert fields["expect"] == case.expect and fields["problem"] == case.problem, case.name
+    assert fields.get("exploits", "") == case.exploits, case.name
+    assert fields.get("policy", "") == case.policy, case.name
+    assert (HERE / "problems" / f"{case.problem}.py").is_file(), case.name
+    assert case.name.startswith("honest_") == (case.expect == "OK"), case.name
+  written = gpu_cases.write(tmp_path / "cases")
+  assert sorted(p.name for p in written) == sorted(f"{c.name}.py" for c in catalogue)
+  assert written[0].read_text() == catalogue[0].source
 
 
 def test_case_headers_parse_and_static_checks_agree():
@@ -129,7 +158,7 @@ def test_every_case_gets_its_verdict(gpu_server):
     rows = list(pool.map(run, cases))
   after = gpu_server.verify(pb.VerifyRequest(
       request_id="adv-gpu-after", reference_source=(HERE / "problems" / "add_relu.py").read_text(),
-      candidate_source=(HERE / "gpu" / "honest_add_relu.py").read_text()))
+      candidate_source=_source("honest_add_relu")))
   counts = collections.Counter(r["error"] or "correct" for r in rows)
   summary = {"counts": dict(counts), "compile_s": round(compile_s, 1),
              "total_s": round(time.monotonic() - started, 1),
@@ -161,7 +190,7 @@ def test_an_override_cannot_slow_the_references_timing(gpu_server):
   for name in ("honest_add_relu", "override_reference_slower"):
     verdicts[name] = gpu_server.verify(pb.VerifyRequest(
         request_id=f"adv-gpu-timing-{name}", reference_source=reference,
-        candidate_source=(HERE / "gpu" / f"{name}.py").read_text(),
+        candidate_source=_source(name),
         options=pb.VerifyOptions(num_timing_trials=20)))
   honest, slowed = verdicts["honest_add_relu"], verdicts["override_reference_slower"]
   assert honest.outcome == pb.OK, honest.message
