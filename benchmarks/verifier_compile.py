@@ -42,9 +42,9 @@ import tempfile
 import textwrap
 import time
 
-from verifier_service import checks
-from verifier_service import compile as compile_lib
-from verifier_service import toolchain as toolchain_lib
+from verifier_service.compile import checks
+from verifier_service.compile import compiler as compile_lib
+from verifier_service.compile import toolchain as toolchain_lib
 
 _NAIVE = textwrap.dedent("""
     import sys, torch  # noqa: F401  (the candidate's own imports need torch)

@@ -132,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
   config = verifier_harness.make_config(cache_dir, queue_capacity=args.queue,
                                         slots_per_gpu=args.slots_per_gpu,
                                         compile_workers=os.cpu_count() or 2)
-  from verifier_service import toolchain as toolchain_lib  # pylint: disable=import-outside-toplevel
+  from verifier_service.compile import toolchain as toolchain_lib  # pylint: disable=import-outside-toplevel
   srv = verifier_harness.ServerThread(config, toolchain_lib.discover())
   try:
     stub = srv.stub()

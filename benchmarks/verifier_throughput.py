@@ -48,11 +48,11 @@ import grpc
 from dice.verifier.v1 import verifier_pb2 as pb
 from dice.verifier.v1 import verifier_pb2_grpc
 
-from verifier_service import checks
-from verifier_service import config as config_lib
-from verifier_service import scheduler as scheduler_lib
-from verifier_service import server as server_lib
-from verifier_service import toolchain as toolchain_lib
+from verifier_service.compile import checks
+from verifier_service.compile import toolchain as toolchain_lib
+from verifier_service.service import config as config_lib
+from verifier_service.service import scheduler as scheduler_lib
+from verifier_service.service import server as server_lib
 
 # One candidate, KernelBench's way: in this fresh process torch's own load_inline builds the
 # extension when the candidate is imported (empty extension folder), then the service's checks,
@@ -61,7 +61,8 @@ from verifier_service import toolchain as toolchain_lib
 _NAIVE = textwrap.dedent("""
     import json, sys
     import torch  # noqa: F401
-    from verifier_service import checks, worker
+    from verifier_service.compile import checks
+    from verifier_service.run import worker
     ref, cand, out, device, options = sys.argv[1:6]
     ref, cand = open(ref).read(), open(cand).read()
     report = checks.check_sources(ref, cand, allow_cpu_only=device == "cpu")  # cpu: tests only

@@ -10,8 +10,8 @@ candidate (`cuda_code`). For the first N pairs whose candidate passes the static
 3. in this process (the benchmark trusts DICE's known-good code) Model and ModelNew are built as
    the verifier builds them (seed, init inputs, copied weights) on inputs from `get_inputs()`, and
    each is timed by four methods:
-   ours-cold / ours-warm  verifier_service.timing.Timer: events around the call alone; cold flushes
-                          L2 first; median
+   ours-cold / ours-warm  verifier_service.run.timing.Timer: events around the call alone; cold
+                          flushes L2 first; median
    old                    the timer before issue 16: flush, synchronize, start event, call,
                           synchronize, end event (the end event after a device-wide sync)
    do_bench               triton.testing.do_bench(fn, return_mode="median"): its own L2 flush
@@ -45,12 +45,12 @@ import torch
 
 from dice.verifier.v1 import verifier_pb2 as pb
 
-from verifier_service import checks
-from verifier_service import config as config_lib
-from verifier_service import problem
-from verifier_service import scheduler as scheduler_lib
-from verifier_service import timing
-from verifier_service import toolchain as toolchain_lib
+from verifier_service.compile import checks
+from verifier_service.compile import toolchain as toolchain_lib
+from verifier_service.run import problem
+from verifier_service.run import timing
+from verifier_service.service import config as config_lib
+from verifier_service.service import scheduler as scheduler_lib
 from verifier_service.untrusted import child
 
 WARMUP_CALLS = 3  # KernelBench's warm-up (the verifier's own is timing.warm_up)

@@ -34,13 +34,13 @@ CONDITIONS = ("plain", "profiled", "profiled_teardown", "seccomp", "sandboxed", 
 
 def child(condition: str, data: str, count: int, trials: int) -> dict[str, list[float]]:
   """Runs in a fresh process: per reference, (warm median, cold median) in microseconds."""
-  from verifier_service import sandbox  # pylint: disable=import-outside-toplevel
+  from verifier_service.run import sandbox  # pylint: disable=import-outside-toplevel
   condition = condition.replace("_again", "")
   sandboxed = condition in ("sandboxed", "candidate_like")
   job_dir = tempfile.mkdtemp(prefix="timing-env-")
   netns = sandbox.enter_namespaces() if sandboxed else ""
   import torch  # pylint: disable=import-outside-toplevel
-  from verifier_service import problem, timing  # pylint: disable=import-outside-toplevel
+  from verifier_service.run import problem, timing  # pylint: disable=import-outside-toplevel
   from verifier_service.untrusted import guards, probes  # pylint: disable=import-outside-toplevel
   device = torch.device("cuda")
   torch.cuda.init()

@@ -30,10 +30,10 @@ from google.protobuf import json_format
 
 from dice.verifier.v1 import verifier_pb2 as pb
 
-from verifier_service import compile_cache
-from verifier_service import config as config_lib
-from verifier_service import logs
-from verifier_service import remote
+from verifier_service.compile import cache as compile_cache
+from verifier_service.service import config as config_lib
+from verifier_service.service import logs
+from verifier_service.service import remote
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_NO_GPU, EXIT_INFRA, EXIT_INTERRUPTED = 0, 1, 2, 3, 4, 130
 _CANDIDATE_FAILURES = (pb.COMPILE_ERROR, pb.INCORRECT, pb.RUNTIME_ERROR, pb.TIMEOUT, pb.REJECTED)
@@ -267,7 +267,7 @@ def exit_code(verdicts: list[pb.Verdict]) -> int:
 def _precheck(request: pb.VerifyRequest, config: config_lib.ServerConfig) -> pb.Verdict | None:
   """The verdict of a request no verifier would take (empty or oversized source), worded as the
   trainer's client words it (dice_jax.rewards.client), so `check` and the client agree."""
-  from verifier_service import server as server_lib  # pylint: disable=import-outside-toplevel
+  from verifier_service.service import server as server_lib  # pylint: disable=import-outside-toplevel
   error = server_lib.validate(request, config)
   if not error:
     return None
@@ -331,7 +331,7 @@ async def _check(args: argparse.Namespace) -> list[pb.Verdict]:
       print(remote.describe(args.server, server.info), file=sys.stderr)
       limits = config_lib.ServerConfig(max_source_bytes=server.info.max_source_bytes or (1 << 20))
       return await _verify_all(args.candidates, requests, server.verify, limits)
-  from verifier_service import scheduler as scheduler_lib  # pylint: disable=import-outside-toplevel
+  from verifier_service.service import scheduler as scheduler_lib  # pylint: disable=import-outside-toplevel
   config = _config(args)
   scheduler = scheduler_lib.Scheduler.create(config)
   await scheduler.start()
@@ -368,7 +368,7 @@ def main(argv: list[str] | None = None) -> int:
     return compile_cache.run(args)
   logs.setup(args.log_level.upper(), json_lines=not args.plain_logs)
   if args.command == "serve":
-    from verifier_service import server  # pylint: disable=import-outside-toplevel
+    from verifier_service.service import server  # pylint: disable=import-outside-toplevel
     token = None
     if args.auth_token_file is not None:
       token = _read(args.auth_token_file).strip()

@@ -12,7 +12,7 @@ HERE = os.path.dirname(__file__)
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "verifier"))
 
-from verifier_service import toolchain as toolchain_lib  # noqa: E402
+from verifier_service.compile import toolchain as toolchain_lib  # noqa: E402
 
 
 @pytest.fixture(scope="session")

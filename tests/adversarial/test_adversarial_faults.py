@@ -18,7 +18,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from dice.verifier.v1 import verifier_pb2 as pb
 
-from verifier_service import verdict_store
+from verifier_service.service import verdict_store
 
 import verifier_harness
 import verifier_kernels as kernels

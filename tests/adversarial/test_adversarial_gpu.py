@@ -30,7 +30,7 @@ import pytest
 
 from dice.verifier.v1 import verifier_pb2 as pb
 
-from verifier_service import checks
+from verifier_service.compile import checks
 
 import gpu_cases
 import verifier_harness

@@ -20,7 +20,7 @@ import tempfile
 
 import pytest
 
-from verifier_service import sandbox
+from verifier_service.run import sandbox
 
 pytestmark = pytest.mark.skipif(os.uname().sysname != "Linux", reason="Linux sandbox")
 

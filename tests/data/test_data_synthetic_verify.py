@@ -32,7 +32,7 @@ import pytest
 
 from dice.verifier.v1 import verifier_pb2 as pb
 from dice_jax.data import problems as P
-from verifier_service import toolchain as toolchain_lib
+from verifier_service.compile import toolchain as toolchain_lib
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "verifier"))
 import verifier_harness  # noqa: E402  pylint: disable=wrong-import-position

@@ -10,7 +10,7 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from verifier_service import toolchain as toolchain_lib  # noqa: E402
+from verifier_service.compile import toolchain as toolchain_lib  # noqa: E402
 
 import verifier_harness  # noqa: E402
 

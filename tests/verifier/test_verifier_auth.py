@@ -13,7 +13,7 @@ import pytest
 from dice.verifier.v1 import verifier_pb2 as pb
 from dice.verifier.v1 import verifier_pb2_grpc
 
-from verifier_service import server as server_lib
+from verifier_service.service import server as server_lib
 
 import verifier_harness
 import verifier_kernels

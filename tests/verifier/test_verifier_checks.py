@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from verifier_service import checks
+from verifier_service.compile import checks
 
 import verifier_kernels as kernels
 

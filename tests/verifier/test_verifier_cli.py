@@ -15,7 +15,7 @@ import pytest
 from dice.verifier.v1 import verifier_pb2 as pb
 
 from verifier_service import cli
-from verifier_service import server as server_lib
+from verifier_service.service import server as server_lib
 
 import verifier_harness
 import verifier_kernels as kernels
@@ -161,7 +161,7 @@ def test_serve_says_when_it_is_ready_and_check_server_uses_it(files, cache_dir):
     _, logs = proc.communicate(timeout=120)  # closes stdin: --stop-on-stdin-eof drains and exits
   assert proc.returncode == 0, logs[-3000:]
   # Plain logs carry what the JSON logs carry: the address, each verdict's outcome and message.
-  assert re.search(rf"INFO verifier_service\.server: listening listen=127\.0\.0\.1:0 port={port} ", logs), logs
+  assert re.search(rf"INFO verifier_service\.service\.server: listening listen=127\.0\.0\.1:0 port={port} ", logs), logs
   assert re.search(r"verdict request_id=check:\w+:1 outcome=REJECTED stage=STAGE_STATIC_CHECK .*"
                    r'message="candidate does not define ModelNew"', logs), logs
   assert "outcome=NO_GPU" in logs

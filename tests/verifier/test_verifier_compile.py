@@ -16,16 +16,16 @@ import time
 import pytest
 import torch.utils.cpp_extension
 
-from verifier_service import buildspec
-from verifier_service import checks
-from verifier_service import compile as compile_lib
-from verifier_service import compile_procs
-from verifier_service import header_tiers
-from verifier_service import host_pch
-from verifier_service import nvcc_split
-from verifier_service import pch as pch_lib
-from verifier_service import sources
-from verifier_service import tier_environment
+from verifier_service.compile import buildspec
+from verifier_service.compile import checks
+from verifier_service.compile import compiler as compile_lib
+from verifier_service.compile import header_tiers
+from verifier_service.compile import host_pch
+from verifier_service.compile import nvcc_split
+from verifier_service.compile import pch as pch_lib
+from verifier_service.compile import procs as compile_procs
+from verifier_service.compile import sources
+from verifier_service.compile import tier_environment
 
 import verifier_kernels as kernels
 

@@ -14,10 +14,10 @@ import time
 import pytest
 
 from verifier_service import cli
-from verifier_service import compile as compile_lib
-from verifier_service import compile_cache
-from verifier_service import compile_procs
-from verifier_service import pch as pch_lib
+from verifier_service.compile import cache as compile_cache
+from verifier_service.compile import compiler as compile_lib
+from verifier_service.compile import pch as pch_lib
+from verifier_service.compile import procs as compile_procs
 
 import verifier_kernels as kernels
 
@@ -154,7 +154,7 @@ def test_cache_hits_mark_entries_used(toolchain, cache_dir):
   ext = kernels.BROKEN_CUDA
 
   async def build():
-    from verifier_service import checks  # pylint: disable=import-outside-toplevel
+    from verifier_service.compile import checks  # pylint: disable=import-outside-toplevel
     compiler = compile_lib.Compiler(toolchain, cache_dir, max_jobs=2)
     try:
       return await compiler.build(checks.check_candidate(ext).extensions[0], 900)

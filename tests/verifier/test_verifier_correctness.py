@@ -1,5 +1,5 @@
-"""The comparison rules (trusted/compare.py), the problem helpers both sides share (problem.py) and
-the statistics of timing.py, directly on CPU."""
+"""The comparison rules (trusted/compare.py), the problem helpers both sides share
+(run/problem.py) and the statistics of run/timing.py, directly on CPU."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import time
 import pytest
 import torch
 
-from verifier_service import problem
-from verifier_service import timing
+from verifier_service.run import problem
+from verifier_service.run import timing
 from verifier_service.trusted import compare
 
 

@@ -23,7 +23,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from dice.verifier.v1 import verifier_pb2 as pb
 from dice.verifier.v1 import verifier_pb2_grpc
 from verifier_service import cli as verifier_cli
-from verifier_service import server as server_lib
+from verifier_service.service import server as server_lib
 
 import verifier_harness
 

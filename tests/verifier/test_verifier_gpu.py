@@ -20,7 +20,7 @@ import pytest
 
 from dice.verifier.v1 import verifier_pb2 as pb
 
-from verifier_service import checks
+from verifier_service.compile import checks
 
 import verifier_harness
 import verifier_kernels as kernels

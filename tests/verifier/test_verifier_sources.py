@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from verifier_service import checks
-from verifier_service import sources
+from verifier_service.compile import checks
+from verifier_service.compile import sources
 
 import verifier_kernels as kernels
 

@@ -12,11 +12,11 @@ import sys
 import textwrap
 import time
 
-from verifier_service import timing
+from verifier_service.run import timing
 
 HOLDER = textwrap.dedent("""
     import sys, time
-    from verifier_service import timing
+    from verifier_service.run import timing
     lock = timing.GpuLock(sys.argv[1])
     with lock.held(wait_s=5) as state:
       print(state, flush=True)

@@ -9,9 +9,9 @@ import grpc
 
 from dice.verifier.v1 import verifier_pb2_grpc
 
-from verifier_service import config as config_lib
-from verifier_service import scheduler as scheduler_lib
-from verifier_service import toolchain as toolchain_lib
+from verifier_service.compile import toolchain as toolchain_lib
+from verifier_service.service import config as config_lib
+from verifier_service.service import scheduler as scheduler_lib
 
 
 def make_config(cache_dir, **overrides) -> config_lib.ServerConfig:
@@ -45,7 +45,7 @@ class ServerThread:
     await self.scheduler.start()
     if not self._grpc_server:
       return 0
-    from verifier_service import server as server_lib  # pylint: disable=import-outside-toplevel
+    from verifier_service.service import server as server_lib  # pylint: disable=import-outside-toplevel
     self.server, port, _ = await server_lib.start_server(self.scheduler)
     return port
 

@@ -1,7 +1,7 @@
 """The comparison rules, applied in the judge to outputs that arrived from the candidate as bytes.
 
 Outputs: same structure, exactly `torch.Tensor` (no subclasses; checked from the declared
-metadata in wire.py), same shape and dtype, NaN where and only where the reference has NaN,
+metadata in run/wire.py), same shape and dtype, NaN where and only where the reference has NaN,
 infinities equal, and |c - r| <= atol + rtol * |r| elsewhere (torch.allclose's rule). Integer and
 bool outputs must be equal. Inputs after the call are compared the same way (mutation).
 
@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from verifier_service import problem
+from verifier_service.run import problem
 
 
 def _compare_tensor(index: int, ref: torch.Tensor, cand: Any, atol: float,

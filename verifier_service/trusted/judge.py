@@ -10,13 +10,13 @@ In order:
    (structure, dtype, shape, device), fixed before the candidate runs; the byte sizes the
    candidate's allocator is primed with; the ops it computes (for the policy). A reference that
    fails is BAD_REFERENCE before the candidate is ever imported.
-3. It drives the candidate's process (commands in child.py):
+3. It drives the candidate's process (commands in untrusted/child.py):
    - correctness: per trial seed it regenerates the inputs itself, runs the reference on them,
-     reads the candidate's outputs and inputs-after-the-call as bytes (wire.py) and compares them
-     (compare.py; mutation: the candidate's inputs after its call against the reference's);
+     reads the candidate's outputs and inputs-after-the-call as bytes (run/wire.py) and compares
+     them (compare.py; mutation: the candidate's inputs after its call against the reference's);
    - probes: caching (two calls on the same tensors with new values, both compared here),
      aftermath and kernel profile (the candidate's process reports those);
-   - timing (timing.py): in batches of calls, a batch of the reference here, then a batch of the
+   - timing (run/timing.py): in batches of calls, a batch of the reference here, then a batch of the
      candidate there (never both at once; who goes first alternates), every call on fresh input
      values (the same rolls on both sides). After each batch the judge decides, by a secret
      random draw, which of the candidate's outputs to read back and compare with its own for the
@@ -41,11 +41,11 @@ from typing import Any, Callable
 
 import torch
 
-from verifier_service import ops
-from verifier_service import policy
-from verifier_service import problem
-from verifier_service import timing
-from verifier_service import wire
+from verifier_service.run import ops
+from verifier_service.run import policy
+from verifier_service.run import problem
+from verifier_service.run import timing
+from verifier_service.run import wire
 from verifier_service.trusted import compare
 
 # Timed outputs of the candidate read back and compared, per job: at most VERIFIED_CALLS and

@@ -17,7 +17,7 @@ every stage and the candidate's process to have reported. Failures are attribute
   judge: INCORRECT (its own comparison; checked before the rows above)   INCORRECT
   judge: the candidate's side stopped answering or answered nonsense   RUNTIME_ERROR
 Then the exploit findings of both sides, the seccomp supervisor's and the partial-replacement
-policy's (policy.py) go to `exploits.apply_policy`, which REJECTS clear hacks whatever the run
+policy's (run/policy.py) go to `exploits.apply_policy`, which REJECTS clear hacks whatever the run
 ended in. Timeouts are the pool's to classify (it kills both processes).
 """
 
@@ -27,8 +27,8 @@ from typing import Any
 
 from dice.verifier.v1 import verifier_pb2 as pb
 
-from verifier_service import exploits
-from verifier_service import policy
+from verifier_service.run import policy
+from verifier_service.trusted import exploits
 
 PLAUSIBLE_SPEEDUP = 100.0
 _SIGNAL_CAUSES = {

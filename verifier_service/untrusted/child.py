@@ -1,12 +1,12 @@
 """The candidate's process: the only code that executes candidate Python or loads its kernels.
 
-Forked by the worker (worker.py) from a process that imported torch once; it has its own session,
-working folder and stdout, is sandboxed (sandbox.py) before any problem or candidate code runs,
-and exits after this one job. Nothing here decides a verdict. It answers the judge's commands
-(trusted/judge.py) over the boundary socket, sending the candidate's outputs as bytes (wire.py),
-and reports evidence against the candidate (exploit findings, the torch ops forward ran, the
-kernels it launched) to the worker on its own pipe. A candidate that subverts this process can
-withhold evidence or send wrong bytes; it cannot change the judge's inputs, reference outputs,
+Forked by the worker (run/worker.py) from a process that imported torch once; it has its own
+session, working folder and stdout, is sandboxed (run/sandbox.py) before any problem or candidate
+code runs, and exits after this one job. Nothing here decides a verdict. It answers the judge's
+commands (trusted/judge.py) over the boundary socket, sending the candidate's outputs as bytes
+(run/wire.py), and reports evidence against the candidate (exploit findings, the torch ops forward
+ran, the kernels it launched) to the worker on its own pipe. A candidate that subverts this process
+can withhold evidence or send wrong bytes; it cannot change the judge's inputs, reference outputs,
 comparison or reference timing, and a run it cuts short is never OK.
 
 Order:
@@ -27,7 +27,7 @@ Order:
    aftermath S   side streams and threads (probes.py)
    profile S     own kernels launched and their share of the time (GPU: CUPTI; CPU: op times)
    warmup S      warm-up calls on the inputs of seed S
-   time          a batch of timed calls (timing.py), each on the inputs rolled as the judge says
+   time          a batch of timed calls (run/timing.py), each on the inputs rolled as the judge says
    output        outputs of calls of the last batch, as snapshotted when each timer stopped
                  ("early") or as they are now ("late")
    finish        the end: final checks, then the report
@@ -46,12 +46,12 @@ from typing import Any, Callable
 
 import torch
 
-from verifier_service import ops
-from verifier_service import policy
-from verifier_service import problem
-from verifier_service import sources
-from verifier_service import timing
-from verifier_service import wire
+from verifier_service.compile import sources
+from verifier_service.run import ops
+from verifier_service.run import policy
+from verifier_service.run import problem
+from verifier_service.run import timing
+from verifier_service.run import wire
 from verifier_service.untrusted import dispatch
 from verifier_service.untrusted import guards
 from verifier_service.untrusted import probes

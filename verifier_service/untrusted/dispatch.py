@@ -17,10 +17,10 @@ registrations name) are ignored: torch registers some kernels lazily (meta kerne
 torch._refs is first imported, libraries loaded on first use), and those are not the candidate's.
 
 A tripwire, not the defence: the reference, the comparison and the reference's timing run in the
-judge, where no candidate registration exists. Blind spots, which the static check (checks.py)
-narrows by refusing private dispatcher APIs and TORCH_LIBRARY_IMPL for torch's namespaces in the
-sources: a registration removed again before the end of the run, and one that forges a torch
-source path (`torch._C._dispatch_library(..., filename)`, `#line`).
+judge, where no candidate registration exists. Blind spots, which the static check
+(compile/checks.py) narrows by refusing private dispatcher APIs and TORCH_LIBRARY_IMPL for torch's
+namespaces in the sources: a registration removed again before the end of the run, and one that
+forges a torch source path (`torch._C._dispatch_library(..., filename)`, `#line`).
 
 Cost: one dump of ~3,600 operators per job (~0.15 s on the 2-core CI VM), plus the worker's one.
 """

@@ -1,8 +1,8 @@
 """Observers that run beside candidate code in its process and record what it does.
 
 Each returns findings as (Exploit name, evidence) pairs: evidence the worker weighs
-(`exploits.py`, `policy.py`); nothing here decides a verdict. What torch computed in forward is
-recorded by `ops.OpRecorder` (shared with the judge, which records the reference's ops).
+(`trusted/exploits.py`, `run/policy.py`); nothing here decides a verdict. What torch computed in
+forward is recorded by `ops.OpRecorder` (shared with the judge, which records the reference's ops).
 
 - `ForwardTracer`: a `sys.settrace` hook over the same calls: frames of the reference's code during
   ModelNew.forward (INHERITS_REFERENCE), and exceptions raised in the candidate's frames that

@@ -12,7 +12,7 @@ is driven by the judge, which compares both outputs with its own reference: trus
   the candidate's own kernels versus library kernels (cuBLAS/cuDNN/torch/Triton). Copies, fills
   and memsets count as neither; library kernels are seen even when
   the extension calls them from C++ without going through torch's dispatcher. What that share
-  means for the verdict is the policy's call (policy.py), on the trusted side.
+  means for the verdict is the policy's call (run/policy.py), on the trusted side.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import Any, Callable
 
 import torch
 
-from verifier_service import problem
+from verifier_service.run import problem
 from verifier_service.untrusted import guards
 
 GLUE_KERNEL_RE = re.compile(r"memcpy|memset|copy|fill|CatArray", re.IGNORECASE)

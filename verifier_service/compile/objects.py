@@ -24,12 +24,12 @@ import shutil
 import tempfile
 from typing import Callable
 
-from verifier_service import buildspec
-from verifier_service import compile_cache
-from verifier_service import compile_procs
-from verifier_service import host_pch
-from verifier_service import nvcc_split
 from verifier_service import singleflight
+from verifier_service.compile import buildspec
+from verifier_service.compile import cache as compile_cache
+from verifier_service.compile import host_pch
+from verifier_service.compile import nvcc_split
+from verifier_service.compile import procs as compile_procs
 
 log = logging.getLogger(__name__)
 

@@ -43,8 +43,8 @@ from grpc_reflection.v1alpha import reflection
 
 from dice.verifier.v1 import verifier_pb2 as pb
 
-from verifier_service import config as config_lib
-from verifier_service import scheduler as scheduler_lib
+from verifier_service.service import config as config_lib
+from verifier_service.service import scheduler as scheduler_lib
 
 log = logging.getLogger(__name__)
 

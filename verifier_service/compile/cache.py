@@ -10,7 +10,7 @@ Location: `--cache-dir`, else $DICE_VERIFIER_CACHE, else $XDG_CACHE_HOME/dice-ve
   obj/<xx>/<key>/   object files: main.cpp.o ~2.7 MB, cuda.cu.o ~0.5 MB
   so/<xx>/<key>/    linked modules, ~1.7 MB
   builds/<key>.json build records (a module path, or a failed build's log)
-  verdicts.sqlite   verdicts by request id (verdict_store.py; its own row limit)
+  verdicts.sqlite   verdicts by request id (service/verdict_store.py; its own row limit)
   tmp/              scratch of builds in progress
 
 So a new candidate adds ~5 MB: a farm box verifying 3,000 candidates an hour writes ~15 GB/h.

@@ -10,8 +10,8 @@ private API from Python, TORCH_LIBRARY_IMPL / TORCH_LIBRARY_FRAGMENT / raw `torc
 namespace it did not define, in its C++: DISPATCH_OVERRIDE), never calls `load_inline`, passes it
 arguments we cannot resolve without running it, or compiles no CUDA `__global__` kernel that is launched anywhere (decoy kernels).
 
-`allow_cpu_only` exists for the worker's CPU test mode (see `worker.py`): there a candidate whose
-load_inline has only C++ sources is accepted so worker logic can be exercised without a GPU.
+`allow_cpu_only` exists for the worker's CPU test mode (see `run/worker.py`): there a candidate
+whose load_inline has only C++ sources is accepted so worker logic can be exercised without a GPU.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import ast
 import dataclasses
 import re
 
-from verifier_service import sources
+from verifier_service.compile import sources
 
 
 @dataclasses.dataclass

@@ -33,16 +33,16 @@ import tempfile
 import time
 from typing import Awaitable, Callable
 
-from verifier_service import compile_cache
-from verifier_service import compile_procs
-from verifier_service import header_tiers
+from verifier_service.compile import cache as compile_cache
+from verifier_service.compile import header_tiers
+from verifier_service.compile import procs as compile_procs
 
 log = logging.getLogger(__name__)
 
 LITE, TYPES = header_tiers.LITE, header_tiers.TYPES
 BINDING_INCLUDES = "#include <torch/csrc/utils/pybind.h>\n#include <torch/csrc/Exceptions.h>\n"
 
-# (argv, cwd) -> (return code, combined output); compile.py's bounded process runner.
+# (argv, cwd) -> (return code, combined output); compiler.py's bounded process runner.
 RunFn = Callable[[list[str], pathlib.Path], Awaitable[tuple[int, str]]]
 
 _LITE_FACTORIES = ("arange", "empty", "empty_like", "empty_strided", "full", "full_like", "ones",

@@ -3,7 +3,7 @@
 load_inline's cuda.cu starts with `#include <torch/types.h>` and candidates add
 `#include <torch/extension.h>`: parsing those headers is most of a compile (three times over:
 nvcc's host front end, its device front end and the host compiler each read all of it). A kernel
-launcher needs far less, so the compiler tries, in order (compile.py falls back on failure):
+launcher needs far less, so the compiler tries, in order (compiler.py falls back on failure):
 
   lite      the torch includes replaced by torch_lite.h (at::Tensor, TORCH_CHECK, AT_DISPATCH, a
             few factory ops) plus torch's own `namespace torch` aliases and factory wrappers, taken

@@ -13,8 +13,8 @@ from typing import Any
 
 from dice.verifier.v1 import verifier_pb2 as pb
 
-from verifier_service import compile_cache
-from verifier_service import toolchain
+from verifier_service.compile import cache as compile_cache
+from verifier_service.compile import toolchain
 
 POLICIES = {"default": pb.POLICY_DEFAULT, "strict": pb.POLICY_STRICT}
 
@@ -44,7 +44,7 @@ class ServerConfig:
   plausible_speedup: float = 100.0
   # Partial-replacement policy for requests that leave VerifyOptions.policy unset: "default"
   # (KernelBench/DICE: a torch matmul or conv may stay) or "strict" (torch only for glue, and the
-  # candidate's kernels take at least `strict_min_fraction` of the kernel time). See policy.py.
+  # candidate's kernels take at least `strict_min_fraction` of the kernel time). See run/policy.py.
   policy: str = "default"
   strict_min_fraction: float = 0.5
   verdict_cache_size: int = 10_000
@@ -57,7 +57,7 @@ class ServerConfig:
   tls_cert: pathlib.Path | None = None
   tls_key: pathlib.Path | None = None
   tls_client_ca: pathlib.Path | None = None
-  # Sandbox of the job children (sandbox.py).
+  # Sandbox of the job children (run/sandbox.py).
   sandbox: bool = True  # False only for debugging the verifier itself (--no-sandbox)
   sandbox_strict: bool = False  # refuse to run candidates when a layer is unavailable
   sandbox_uid_base: int = 61000  # as root, slot k's children run as uid/gid base + k

@@ -12,9 +12,9 @@ Decisions:
   costs), as its own task, never cancelled with one request (it
   outlives short deadlines), and servers sharing a cache folder build it once (a file lock).
 - A header g++ cannot precompile is not fatal: the header file stays, `precompiled` is False and
-  the error is kept (compile.py switches a light tier off when the error lies in its header).
+  the error is kept (compiler.py switches a light tier off when the error lies in its header).
 - Every use checks that the files are still there (a pruned cache rebuilds them) and touches the
-  folder, so LRU pruning (compile_cache.py) sees headers in use as fresh.
+  folder, so LRU pruning (cache.py) sees headers in use as fresh.
 - `TORCH_EXTENSION_NAME` differs per extension; it is left out of the precompiling command, which
   g++ accepts because no header mentions it.
 """
@@ -34,7 +34,7 @@ import tempfile
 import time
 from typing import Callable
 
-from verifier_service import compile_procs
+from verifier_service.compile import procs as compile_procs
 
 log = logging.getLogger(__name__)
 

@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from verifier_service import problem
+from verifier_service.run import problem
 
 MAX_HEADER_BYTES = 1 << 20
 ALIGN_BYTES = 64  # every tensor's bytes start at a multiple of this in the payload

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from verifier_service import ops
+from verifier_service.run import ops
 
 DEFAULT, STRICT = "POLICY_DEFAULT", "POLICY_STRICT"
 

@@ -1,11 +1,11 @@
 """What torch's `load_inline` would build: its exact source files and compiler flags.
 
-The verifier compiles candidates itself (compile.py) but must build exactly what
+The verifier compiles candidates itself (compiler.py) but must build exactly what
 `torch.utils.cpp_extension.load_inline` builds, or verdicts could differ from the naive path.
 `render_sources` writes main.cpp and cuda.cu the way load_inline does (tested byte for byte
 against torch); `torch_build_flags` runs torch's own ninja writer for the extension and reads
 the flags back, so they follow whatever torch version is installed (2.11 on the GPU image, 2.14
-in CI). Lighter headers are compile.py's business (header_tiers.py), never this module's.
+in CI). Lighter headers are compiler.py's business (header_tiers.py), never this module's.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ import re
 import shlex
 import tempfile
 
-from verifier_service import sources
-from verifier_service import toolchain as toolchain_lib
+from verifier_service.compile import sources
+from verifier_service.compile import toolchain as toolchain_lib
 
 
 

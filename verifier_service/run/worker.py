@@ -1,6 +1,6 @@
 """A worker process: imports torch once, then forks two sandboxed children per job.
 
-Run as `python -m verifier_service.worker --device cuda` with CUDA_VISIBLE_DEVICES naming one GPU
+Run as `python -m verifier_service.run.worker --device cuda` with CUDA_VISIBLE_DEVICES naming one GPU
 (the pool does this, one process per slot). Protocol: one JSON object per line. Jobs arrive on
 stdin; messages leave on the process's original stdout, which is kept private (fd 1 is pointed
 at stderr so that stray prints cannot corrupt it, and job children never inherit it):
@@ -54,7 +54,7 @@ import time
 import traceback
 from typing import Any, TextIO
 
-from verifier_service import sandbox
+from verifier_service.run import sandbox
 
 LOG_TAIL_BYTES = 4096
 _EXIT_GRACE_S = 2.0
@@ -100,7 +100,7 @@ def _child(role: str, job: dict[str, Any], job_dir: str, nonce: str, report_fd: 
     faulthandler.enable()
     os.chdir(job_dir)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    from verifier_service import wire  # pylint: disable=import-outside-toplevel
+    from verifier_service.run import wire  # pylint: disable=import-outside-toplevel
     spec = job["sandbox"]
     if spec["enabled"]:
       policy = sandbox.Policy(job_dir=job_dir, read_only=spec["read_only"], uid=spec["uid"],

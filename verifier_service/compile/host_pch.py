@@ -2,7 +2,7 @@
 
 cudafe++ turns a translation unit into the host C++ that g++ compiles last (`cuda.cudafe1.cpp`,
 see nvcc_split.py). At a light header tier, with the tier's module id and paths relative to the
-work folder (compile.py arranges both), that file starts with the same text for every candidate:
+work folder (compiler.py arranges both), that file starts with the same text for every candidate:
 the host code of the tier's headers (8.6 MB for the lite tier), up to the first line marker that
 returns to the candidate's own file. That prefix is precompiled once (pch.py), and the host
 compile then reads `#include "<pch>/dice_host.h"` followed by the rest of the file: the same
@@ -28,8 +28,8 @@ import re
 import shlex
 from typing import Callable
 
-from verifier_service import nvcc_split
-from verifier_service import pch as pch_lib
+from verifier_service.compile import nvcc_split
+from verifier_service.compile import pch as pch_lib
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ shorter front end; its CPU time does not change. A dry run of any other shape (r
 code, a new nvcc) returns None and the caller runs nvcc itself.
 
 The caller may name the module id (an identifier suffix: it names anonymous namespaces, so any
-value unique to the process that loads the module will do; compile.py uses one per header tier so
+value unique to the process that loads the module will do; compiler.py uses one per header tier so
 that host_pch.py can precompile what all candidates' host code shares) and may rewrite the host
 compile's input before it runs (`prepare_final`); if the rewritten input fails to compile, the
 original input is compiled instead and that result stands.

@@ -31,15 +31,15 @@ from google.protobuf import json_format
 
 from dice.verifier.v1 import verifier_pb2 as pb
 
-from verifier_service import checks
-from verifier_service import compile as compile_lib
-from verifier_service import config as config_lib
-from verifier_service import metrics as metrics_lib
-from verifier_service import pool as pool_lib
-from verifier_service import singleflight
-from verifier_service import toolchain as toolchain_lib
-from verifier_service import verdict_store
 from verifier_service import __version__
+from verifier_service import singleflight
+from verifier_service.compile import checks
+from verifier_service.compile import compiler as compile_lib
+from verifier_service.compile import toolchain as toolchain_lib
+from verifier_service.service import config as config_lib
+from verifier_service.service import metrics as metrics_lib
+from verifier_service.service import pool as pool_lib
+from verifier_service.service import verdict_store
 
 log = logging.getLogger(__name__)
 

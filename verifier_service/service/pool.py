@@ -1,4 +1,4 @@
-"""Server side of the GPU worker processes: N slots per GPU, each one `worker.py` process.
+"""Server side of the GPU worker processes: N slots per GPU, each one `run/worker.py` process.
 
 A slot runs one job at a time. It enforces the run stage's time limit by killing the process
 groups of the job's two children (the judge and the candidate's process; the worker stays up),
@@ -29,7 +29,7 @@ import sys
 import time
 from typing import Any, Callable
 
-from verifier_service import exploits
+from verifier_service.trusted import exploits
 
 log = logging.getLogger(__name__)
 _ENV_KEEP = ("PATH", "HOME", "LANG", "LC_", "TMPDIR", "VIRTUAL_ENV", "PYTHONPATH", "CUDA_",
@@ -61,7 +61,7 @@ class WorkerSlot:
 
   async def start(self) -> None:
     self._proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "verifier_service.worker", "--device", self.device,
+        sys.executable, "-m", "verifier_service.run.worker", "--device", self.device,
         "--sandbox", json.dumps(self.sandbox),
         stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, env=self._env,
         limit=_STREAM_LIMIT, start_new_session=True)

@@ -15,10 +15,10 @@ it fast (each measured in `benchmarks/verifier_compile.py`):
    host code nvcc compiles last starts with the same text for every candidate, which host_pch.py
    precompiles (the same object, a third of that step's CPU).
 4. Both translation units compile concurrently in a bounded, niced process pool that serves the
-   earliest request first (compile_procs.py).
+   earliest request first (procs.py).
 5. A content-addressed cache per object file and per linked module (objects.py): a phase-1
    (infilling) problem keeps its C++ scaffold fixed, so across rollouts only `cuda.cu` is ever
-   compiled again. The folder is bounded by least-recently-used pruning (compile_cache.py).
+   compiled again. The folder is bounded by least-recently-used pruning (cache.py).
 
 Compilers run as their own process group; a deadline or a cancelled request kills the group.
 `on_progress` receives what the stage is doing (shared one-off builds included), for
@@ -37,17 +37,17 @@ import pathlib
 import time
 from typing import Callable
 
-from verifier_service import buildspec
-from verifier_service import compile_cache
-from verifier_service import compile_procs
-from verifier_service import header_tiers
-from verifier_service import host_pch
-from verifier_service import objects as objects_lib
-from verifier_service import pch as pch_lib
 from verifier_service import singleflight
-from verifier_service import sources
-from verifier_service import tier_environment
-from verifier_service import toolchain as toolchain_lib
+from verifier_service.compile import buildspec
+from verifier_service.compile import cache as compile_cache
+from verifier_service.compile import header_tiers
+from verifier_service.compile import host_pch
+from verifier_service.compile import objects as objects_lib
+from verifier_service.compile import pch as pch_lib
+from verifier_service.compile import procs as compile_procs
+from verifier_service.compile import sources
+from verifier_service.compile import tier_environment
+from verifier_service.compile import toolchain as toolchain_lib
 
 log = logging.getLogger(__name__)
 
