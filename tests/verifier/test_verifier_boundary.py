@@ -188,7 +188,9 @@ def test_infra_error_only_for_failures_candidate_code_cannot_have_caused():
 
 
 def test_the_candidates_report_cannot_break_or_bend_the_verdict():
-  forged = dict(_CAND_OK, findings=[["NOT_AN_EXPLOIT", "x"], ["MONKEY_PATCH", "y" * 10_000], 7],
+  # An unhashable kind raised TypeError in the merge: the worker died and the job was INFRA_ERROR.
+  forged = dict(_CAND_OK, findings=[["NOT_AN_EXPLOIT", "x"], ["MONKEY_PATCH", "y" * 10_000], 7,
+                                    [["MONKEY_PATCH"], "z"], [{"k": 1}, "w"]],
                 evidence={"own_fraction": 7.0, "launched": "all", "compute_ops": {"a": "b"}})
   merged = _merge(_JUDGE_OK, forged)
   assert [f["kind"] for f in merged["exploits"]] == ["MONKEY_PATCH"]

@@ -140,3 +140,41 @@ def test_the_scan_sees_a_wrong_name(tmp_path):
   assert not hasattr(importlib.import_module(PROTO), "STAGE_COMPILED")
   assert ("verifier_service", "wire") in [(m, n) for _, m, n in scan.imports]
   assert not _is_module("verifier_service.wire")
+
+
+# ----------------------------------------------------------------------------- enum names
+
+
+def _enum_literals(path: pathlib.Path) -> list[tuple[int, str]]:
+  """String constants in `path` that spell a proto enum value name (docstrings aside)."""
+  names = {n for e in ("Outcome", "Stage", "Exploit", "Precision", "Policy")
+           for n in getattr(importlib.import_module(PROTO), e).keys()}
+  tree = ast.parse(path.read_text())
+  docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef,
+                                     ast.AsyncFunctionDef)) and node.body and isinstance(node.body[0], ast.Expr)}
+  return [(node.lineno, node.value) for node in ast.walk(tree)
+          if isinstance(node, ast.Constant) and isinstance(node.value, str)
+          and node.value in names and id(node) not in docstrings]
+
+
+def test_enum_names_are_constants_not_literals(tmp_path):
+  """Outcomes, stages, exploit kinds, precisions and policies are written `enums.X` (whose reads
+  the scan above resolves), so a misspelt one fails in CI rather than as INFRA_ERROR."""
+  package = ROOT / "verifier_service"
+  literals = [f"{path.relative_to(ROOT)}:{line}: {value!r}"
+              for path in sorted(package.rglob("*.py")) if path.name != "enums.py"
+              for line, value in _enum_literals(path)]
+  assert not literals, literals
+  bad = tmp_path / "bad.py"
+  bad.write_text('"""OK"""\nx = {"outcome": "INFRA_ERROR"}\n')
+  assert _enum_literals(bad) == [(2, "INFRA_ERROR")]
+
+
+def test_enums_refuse_to_import_out_of_step_with_the_proto():
+  from verifier_service import enums  # pylint: disable=import-outside-toplevel
+  outcome = importlib.import_module(PROTO).Outcome
+  enums._check(enums.OUTCOMES, outcome, "OUTCOME_UNSPECIFIED")  # pylint: disable=protected-access
+  with pytest.raises(ImportError, match=r"missing \['OK'\], unknown \['OKAY'\]"):
+    enums._check(enums.OUTCOMES - {"OK"} | {"OKAY"}, outcome,  # pylint: disable=protected-access
+                 "OUTCOME_UNSPECIFIED")

@@ -20,6 +20,7 @@ import ast
 import dataclasses
 import re
 
+from verifier_service import enums
 from verifier_service.compile import sources
 
 
@@ -27,7 +28,7 @@ from verifier_service.compile import sources
 class StaticReport:
   """What stage 1 found. `outcome` is None when the request may go on to compile."""
   outcome: str | None = None  # "REJECTED" or "BAD_REFERENCE" (proto Outcome names)
-  stage: str = "STAGE_STATIC_CHECK"
+  stage: str = enums.STAGE_STATIC_CHECK
   message: str = ""
   extensions: list[sources.InlineExtension] = dataclasses.field(default_factory=list)
   kernel_names: list[str] = dataclasses.field(default_factory=list)
@@ -70,11 +71,11 @@ def check_reference(reference: str) -> StaticReport | None:
   """BAD_REFERENCE report, or None when the reference defines what KernelBench needs."""
   tree, error = _parse(reference, "reference")
   if tree is None:
-    return StaticReport("BAD_REFERENCE", "STAGE_PARSE", error)
+    return StaticReport(enums.BAD_REFERENCE, enums.STAGE_PARSE, error)
   names = _module_names(tree)
   missing = [n for n in ("Model", "get_inputs", "get_init_inputs") if n not in names]
   if missing:
-    return StaticReport("BAD_REFERENCE", "STAGE_STATIC_CHECK",
+    return StaticReport(enums.BAD_REFERENCE, enums.STAGE_STATIC_CHECK,
                         f"reference does not define {', '.join(missing)}")
   return None
 
@@ -265,41 +266,43 @@ def check_candidate(candidate: str, allow_cpu_only: bool = False) -> StaticRepor
   """Parses the candidate, resolves its load_inline calls and lists its kernels."""
   tree, error = _parse(candidate, "candidate")
   if tree is None:
-    return StaticReport("REJECTED", "STAGE_PARSE", error)
+    return StaticReport(enums.REJECTED, enums.STAGE_PARSE, error)
   names = _module_names(tree)
   if "ModelNew" not in names:
-    return StaticReport("REJECTED", message="candidate does not define ModelNew")
+    return StaticReport(enums.REJECTED, message="candidate does not define ModelNew")
   if _inherits_model(names["ModelNew"], names):
-    return StaticReport("REJECTED", message="ModelNew subclasses the reference Model",
-                        exploits=[("INHERITS_REFERENCE", "class ModelNew(Model)")])
+    return StaticReport(enums.REJECTED, message="ModelNew subclasses the reference Model",
+                        exploits=[(enums.INHERITS_REFERENCE, "class ModelNew(Model)")])
   uses = _reference_uses(tree, names["ModelNew"])
   if uses:
-    return StaticReport("REJECTED", message=f"candidate uses the reference: {uses[0]}",
-                        exploits=[("INHERITS_REFERENCE", u) for u in uses])
+    return StaticReport(enums.REJECTED, message=f"candidate uses the reference: {uses[0]}",
+                        exploits=[(enums.INHERITS_REFERENCE, u) for u in uses])
   runtimes = _other_runtimes(tree)
   if runtimes:
-    return StaticReport("REJECTED", message=f"candidate computes through another kernel runtime: "
+    return StaticReport(enums.REJECTED,
+                        message=f"candidate computes through another kernel runtime: "
                         f"{', '.join(runtimes[:3])}; its work must be its own load_inline CUDA",
-                        exploits=[("TORCH_FALLBACK", f"uses {r}") for r in runtimes[:3]])
+                        exploits=[(enums.TORCH_FALLBACK, f"uses {r}") for r in runtimes[:3]])
   ext_names = _names_bound_to(tree, lambda v: isinstance(v, ast.Call) and _call_name(
       v.func).rsplit(".", 1)[-1] in sources.load_inline_aliases(tree))
   fallbacks = _try_fallbacks(tree, ext_names, _torch_names(tree))
   if fallbacks:
-    return StaticReport("REJECTED", message=f"try/except fallback: {fallbacks[0]}",
-                        exploits=[("TRY_EXCEPT_FALLBACK", f) for f in fallbacks])
+    return StaticReport(enums.REJECTED, message=f"try/except fallback: {fallbacks[0]}",
+                        exploits=[(enums.TRY_EXCEPT_FALLBACK, f) for f in fallbacks])
   calls = sources.find_load_inline_calls(tree)
   if not calls:
-    return StaticReport("REJECTED", message="candidate never calls load_inline: no custom kernel")
+    return StaticReport(enums.REJECTED,
+                        message="candidate never calls load_inline: no custom kernel")
   for call in calls:
     if call.extension is None:
       return StaticReport(
-          "REJECTED", message=f"load_inline call on line {call.lineno} cannot be resolved "
+          enums.REJECTED, message=f"load_inline call on line {call.lineno} cannot be resolved "
           f"without running the candidate ({call.error}); pass literal strings")
   extensions = [c.extension for c in calls]
   overrides = dispatch_overrides(tree, extensions)
   if overrides:
-    return StaticReport("REJECTED", message=f"re-registers torch operators: {overrides[0]}",
-                        exploits=[("DISPATCH_OVERRIDE", o) for o in overrides])
+    return StaticReport(enums.REJECTED, message=f"re-registers torch operators: {overrides[0]}",
+                        exploits=[(enums.DISPATCH_OVERRIDE, o) for o in overrides])
   report = StaticReport(extensions=extensions)
   for ext in extensions:
     for code in ext.cuda_sources:
@@ -311,17 +314,18 @@ def check_candidate(candidate: str, allow_cpu_only: bool = False) -> StaticRepor
   if not has_cuda:
     if allow_cpu_only:
       return report
-    report.outcome = "REJECTED"
+    report.outcome = enums.REJECTED
     report.message = "load_inline has no cuda_sources: no CUDA kernel to verify"
   elif not report.kernel_names:
-    report.outcome = "REJECTED"
+    report.outcome = enums.REJECTED
     report.message = "cuda_sources define no __global__ kernel"
-    report.exploits.append(("NO_CUSTOM_KERNEL_LAUNCHED", "no __global__ function in cuda_sources"))
+    report.exploits.append((enums.NO_CUSTOM_KERNEL_LAUNCHED,
+                            "no __global__ function in cuda_sources"))
   elif not report.launched_kernels:
-    report.outcome = "REJECTED"
+    report.outcome = enums.REJECTED
     report.message = (f"__global__ kernels {', '.join(report.kernel_names)} are never launched "
                       "(no <<<...>>> or cudaLaunchKernel)")
-    report.exploits.append(("NO_CUSTOM_KERNEL_LAUNCHED",
+    report.exploits.append((enums.NO_CUSTOM_KERNEL_LAUNCHED,
                             "defined but never launched: " + ", ".join(report.kernel_names)))
   return report
 

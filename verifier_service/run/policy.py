@@ -38,9 +38,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from verifier_service import enums
 from verifier_service.run import ops
 
-DEFAULT, STRICT = "POLICY_DEFAULT", "POLICY_STRICT"
+DEFAULT, STRICT = enums.POLICY_DEFAULT, enums.POLICY_STRICT
 
 
 def _names(compute_ops: dict[str, int], limit: int = 12) -> str:
@@ -54,23 +55,24 @@ def findings(policy: str, min_fraction: float, evidence: dict[str, Any],
   compute = dict(evidence.get("compute_ops") or {})
   launched = evidence.get("launched")
   if launched is not None and not launched:
-    found.append(("NO_CUSTOM_KERNEL_LAUNCHED", "none of the compiled kernels ran during forward: "
+    found.append((enums.NO_CUSTOM_KERNEL_LAUNCHED,
+                  "none of the compiled kernels ran during forward: "
                   + ", ".join(evidence.get("kernel_names", [])[:8])))
   if policy == STRICT:
     if compute:
-      found.append(("TORCH_FALLBACK", "torch computed values in ModelNew.forward: " +
+      found.append((enums.TORCH_FALLBACK, "torch computed values in ModelNew.forward: " +
                     _names(compute)))
     own, library = evidence.get("own_fraction"), evidence.get("library") or []
     if launched and own is not None and own < min_fraction and library:
       names = ", ".join(f"{n[:80]} ({d:.1f} us)" for n, d in library)
-      found.append(("TORCH_FALLBACK", f"kernels the candidate did not write did "
+      found.append((enums.TORCH_FALLBACK, f"kernels the candidate did not write did "
                     f"{100 * (1 - own):.0f}% of the GPU work (strict needs at least "
                     f"{100 * min_fraction:.0f}% in its own): {names}"))
     return found
   needed = ops.compute_families(reference_ops or [])
   done_by_torch = ops.compute_families(compute)
   if needed and needed <= done_by_torch:
-    found.append(("TORCH_FALLBACK", f"torch computed every kind of op the reference computes "
+    found.append((enums.TORCH_FALLBACK, f"torch computed every kind of op the reference computes "
                   f"({', '.join(sorted(needed))}); the candidate's kernels did none of that work: "
                   + _names(compute)))
   return found

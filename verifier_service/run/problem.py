@@ -24,8 +24,10 @@ from typing import Any
 import numpy as np
 import torch
 
-DEFAULT_TOLERANCE = {"FP32": 1e-4, "FP16": 1e-2, "BF16": 1e-2}
-DTYPES = {"FP32": torch.float32, "FP16": torch.float16, "BF16": torch.bfloat16}
+from verifier_service import enums
+
+DEFAULT_TOLERANCE = {enums.FP32: 1e-4, enums.FP16: 1e-2, enums.BF16: 1e-2}
+DTYPES = {enums.FP32: torch.float32, enums.FP16: torch.float16, enums.BF16: torch.bfloat16}
 CANDIDATE_FILE, REFERENCE_FILE = "candidate.py", "reference.py"
 
 

@@ -49,6 +49,8 @@ import struct
 import sys
 from typing import Any
 
+from verifier_service import enums
+
 try:  # imported with the worker, before any sandbox: the child may not be able to read it later
   import pyseccomp
   _PYSECCOMP_ERROR = ""
@@ -63,8 +65,8 @@ _SYS_LANDLOCK = (444, 445, 446)  # create_ruleset, add_rule, restrict_self (all 
 
 # Syscalls refused and reported, with the exploit each one means.
 FORBIDDEN = {
-    "PROCESS_SPAWN": ("fork", "vfork", "execve", "execveat"),
-    "SANDBOX_VIOLATION": (
+    enums.PROCESS_SPAWN: ("fork", "vfork", "execve", "execveat"),
+    enums.SANDBOX_VIOLATION: (
         "ptrace", "process_vm_readv", "process_vm_writev", "pidfd_getfd", "kcmp", "mount",
         "umount2", "pivot_root", "chroot", "unshare", "setns", "bpf", "perf_event_open",
         "keyctl", "add_key", "request_key", "init_module", "finit_module", "delete_module",
@@ -387,8 +389,8 @@ _NOTIF_RECV, _NOTIF_SEND = 0xC0502100, 0xC0182101  # SECCOMP_IOCTL_NOTIF_RECV / 
 _NOTIF = struct.Struct("=QII iIQ6Q")
 _RESP = struct.Struct("=QqiI")
 _KIND = {name: kind for kind, names in FORBIDDEN.items() for name in names}
-_KIND.update(clone="PROCESS_SPAWN", socket="NETWORK_ACCESS")
-_KIND.update({name: "SANDBOX_VIOLATION" for name in (
+_KIND.update(clone=enums.PROCESS_SPAWN, socket=enums.NETWORK_ACCESS)
+_KIND.update({name: enums.SANDBOX_VIOLATION for name in (
     "kill", "tgkill", "tkill", "rt_sigqueueinfo", "rt_tgsigqueueinfo", "pidfd_send_signal")})
 
 
@@ -410,7 +412,8 @@ class Supervisor:
     detail = f"{name}(family {args[0]})" if name == "socket" else name
     evidence = f"{detail} refused by seccomp (pid {pid})"
     if len(self.violations) < 32 and evidence not in (v["evidence"] for v in self.violations):
-      self.violations.append({"kind": _KIND.get(name, "SANDBOX_VIOLATION"), "evidence": evidence})
+      self.violations.append({"kind": _KIND.get(name, enums.SANDBOX_VIOLATION),
+                              "evidence": evidence})
     try:
       fcntl.ioctl(self.fd, _NOTIF_SEND, _RESP.pack(notif_id, 0, -errno.EPERM, 0))
     except OSError:

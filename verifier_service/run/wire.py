@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from verifier_service import enums
 from verifier_service.run import problem
 
 MAX_HEADER_BYTES = 1 << 20
@@ -166,7 +167,7 @@ def decode(expected: list[dict[str, Any]], declared: Any, payload: bytearray,
       continue
     if got.get("subclass"):
       return None, f"{where} is a tensor subclass {got['subclass']}", [
-          ("TENSOR_SUBCLASS", f"{where}: {str(got['subclass'])[:80]}")]
+          (enums.TENSOR_SUBCLASS, f"{where}: {str(got['subclass'])[:80]}")]
     if list(got.get("shape", [])) != want["shape"]:
       return None, (f"{where} shape {tuple(got.get('shape', []))} != reference "
                     f"{tuple(want['shape'])}"), []

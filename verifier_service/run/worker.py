@@ -54,6 +54,7 @@ import time
 import traceback
 from typing import Any, TextIO
 
+from verifier_service import enums
 from verifier_service.run import sandbox
 
 LOG_TAIL_BYTES = 4096
@@ -161,7 +162,7 @@ class _Child:
     self.result: dict[str, Any] | None = None
     self.forged: list[dict[str, str]] = []
     self.supervisor: sandbox.Supervisor | None = None
-    self.phase = "STAGE_LOAD"
+    self.phase = enums.STAGE_LOAD
     self.loading = False  # the candidate's process is about to execute candidate code
     self.exited = self.drained = self.killed = False
     self.wait_status: int | None = None
@@ -182,7 +183,7 @@ class _Child:
         _send(out, {"type": "phase", "job_id": job_id, "phase": message["phase"]})
     elif message.get("type") == "result":
       if message.get("nonce") != self.nonce or not isinstance(message.get("result"), dict):
-        self.forged.append({"kind": "MONKEY_PATCH",
+        self.forged.append({"kind": enums.MONKEY_PATCH,
                             "evidence": "wrote a forged result to the verifier's report pipe"})
       elif self.result is None:
         self.result = message["result"]

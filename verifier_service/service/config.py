@@ -13,6 +13,7 @@ from typing import Any
 
 from dice.verifier.v1 import verifier_pb2 as pb
 
+from verifier_service import enums
 from verifier_service.compile import cache as compile_cache
 from verifier_service.compile import toolchain
 
@@ -96,7 +97,7 @@ class ServerConfig:
 
 
 def _precision_name(value: int) -> str:
-  return "FP32" if value in (pb.PRECISION_UNSPECIFIED, pb.FP32) else pb.Precision.Name(value)
+  return enums.FP32 if value in (pb.PRECISION_UNSPECIFIED, pb.FP32) else pb.Precision.Name(value)
 
 
 def resolve_options(options: pb.VerifyOptions, config: ServerConfig) -> dict[str, Any]:

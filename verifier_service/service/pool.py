@@ -29,6 +29,7 @@ import sys
 import time
 from typing import Any, Callable
 
+from verifier_service import enums
 from verifier_service.trusted import exploits
 
 log = logging.getLogger(__name__)
@@ -110,7 +111,7 @@ class WorkerSlot:
     """
     self.jobs_run += 1
     for send in range(2):
-      phase, children, accepted = "STAGE_LOAD", [], False
+      phase, children, accepted = enums.STAGE_LOAD, [], False
       try:
         if self._proc is None or self._proc.returncode is not None:
           await self.restart()
@@ -149,7 +150,7 @@ class WorkerSlot:
         await self.stop()
         if not accepted and send == 0:
           continue
-        return {"outcome": "INFRA_ERROR", "stage": phase, "message": f"worker failed: {e}"}
+        return {"outcome": enums.INFRA_ERROR, "stage": phase, "message": f"worker failed: {e}"}
       except asyncio.CancelledError:
         # The request went away (deadline): kill its children so the slot is free for the next job.
         try:
@@ -184,9 +185,9 @@ def _classify(done: dict[str, Any], phase: str, timed_out: bool,
   if timed_out:
     # Hacks found before the hang stay; what the kill itself caused (SIGKILL) is not evidence.
     found = [f for f in (result or {}).get("exploits", []) if f["kind"] in exploits.REJECTING]
-    verdict = {"outcome": "TIMEOUT", "stage": phase,
+    verdict = {"outcome": enums.TIMEOUT, "stage": phase,
                "message": f"run stage exceeded {timeout_s:.1f} s (in {phase})",
-               "exploits": [{"kind": "HANG",
+               "exploits": [{"kind": enums.HANG,
                              "evidence": f"killed after {timeout_s:.1f} s in {phase}"}] + found}
     for key in ("policy", "trials", "environment"):
       if result and key in result:
@@ -194,7 +195,7 @@ def _classify(done: dict[str, Any], phase: str, timed_out: bool,
   elif result is not None:
     verdict = result
   else:
-    verdict = {"outcome": "INFRA_ERROR", "stage": phase,
+    verdict = {"outcome": enums.INFRA_ERROR, "stage": phase,
                "message": f"worker could not run the job: {done.get('status')}"}
   return exploits.apply_policy(verdict)
 
@@ -242,7 +243,7 @@ class WorkerPool:
     try:
       job = dict(job, job_id=f"{slot.name}#{next(self._ids)}")
       result = await slot.run(job, timeout_s, on_phase)
-      result["stage_timings"] = [{"stage": "STAGE_QUEUE", "duration_s": waited}] + result.get(
+      result["stage_timings"] = [{"stage": enums.STAGE_QUEUE, "duration_s": waited}] + result.get(
           "stage_timings", [])
       return result
     finally:

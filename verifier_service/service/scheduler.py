@@ -32,6 +32,7 @@ from google.protobuf import json_format
 from dice.verifier.v1 import verifier_pb2 as pb
 
 from verifier_service import __version__
+from verifier_service import enums
 from verifier_service import singleflight
 from verifier_service.compile import checks
 from verifier_service.compile import compiler as compile_lib
@@ -241,7 +242,7 @@ class Scheduler:
       verdict.attempts = attempt
       t = time.monotonic()
       result = await self.pool.run(job, options["run_timeout_s"])
-      if result.get("outcome") != "INFRA_ERROR" or attempt == 2:
+      if result.get("outcome") != enums.INFRA_ERROR or attempt == 2:
         break
       self.metrics.infra_retries.inc()
       log.warning("retrying %s after infrastructure failure: %s", request.request_id,

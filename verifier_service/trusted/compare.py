@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from verifier_service import enums
 from verifier_service.run import problem
 
 
@@ -27,7 +28,7 @@ def _compare_tensor(index: int, ref: torch.Tensor, cand: Any, atol: float,
     return False, math.inf, math.inf, f"{where} is {type(cand).__name__}, expected a tensor", []
   if type(cand) is not torch.Tensor:  # pylint: disable=unidiomatic-typecheck
     return False, math.inf, math.inf, f"{where} is a tensor subclass {type(cand).__name__}", [
-        ("TENSOR_SUBCLASS", f"{where}: {type(cand).__qualname__}")]
+        (enums.TENSOR_SUBCLASS, f"{where}: {type(cand).__qualname__}")]
   if tuple(cand.shape) != tuple(ref.shape):
     return False, math.inf, math.inf, (
         f"{where} shape {tuple(cand.shape)} != reference {tuple(ref.shape)}"), []

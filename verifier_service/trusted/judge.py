@@ -41,6 +41,7 @@ from typing import Any, Callable
 
 import torch
 
+from verifier_service import enums
 from verifier_service.run import ops
 from verifier_service.run import policy
 from verifier_service.run import problem
@@ -82,12 +83,12 @@ class Judge:
     self.device = torch.device(job["device"])
     self.opts = job["options"]
     precision = self.opts["precision"]
-    self.dtype = None if precision == "FP32" else problem.DTYPES[precision]
+    self.dtype = None if precision == enums.FP32 else problem.DTYPES[precision]
     self.seed = self.opts["seed"]
     self.atol = self.opts["atol"] or problem.DEFAULT_TOLERANCE[precision]
     self.rtol = self.opts["rtol"] or problem.DEFAULT_TOLERANCE[precision]
     self.result: dict[str, Any] = {"stage_timings": [], "trials": [], "findings": [],
-                                   "stage": "STAGE_LOAD"}
+                                   "stage": enums.STAGE_LOAD}
     self._started = time.monotonic()
     self.get_inputs = self.reference = None
     self.spec: list[dict[str, Any]] = []
@@ -150,7 +151,7 @@ class Judge:
         out = self.reference(*args)
       self.sync()
     except Exception as e:  # pylint: disable=broad-except
-      raise Ended("BAD_REFERENCE", f"reference failed to load or run: {type(e).__name__}: "
+      raise Ended(enums.BAD_REFERENCE, f"reference failed to load or run: {type(e).__name__}: "
                   f"{e}") from e
     self.spec = wire.spec(out)
     self.ref_aliases_inputs = problem.overlap(problem.spans(out), problem.spans(args))
@@ -165,13 +166,13 @@ class Judge:
       self.sync()
       return out
     except Exception as e:  # pylint: disable=broad-except
-      raise Ended("BAD_REFERENCE", f"reference forward raised {type(e).__name__}: {e}") from e
+      raise Ended(enums.BAD_REFERENCE, f"reference forward raised {type(e).__name__}: {e}") from e
 
   def trial(self, seed: int) -> dict[str, Any]:
     try:
       args = problem.inputs(self.get_inputs, seed, self.device, self.dtype)
     except Exception as e:  # pylint: disable=broad-except
-      raise Ended("BAD_REFERENCE", f"get_inputs() raised {type(e).__name__}: {e}") from e
+      raise Ended(enums.BAD_REFERENCE, f"get_inputs() raised {type(e).__name__}: {e}") from e
     in_spec = wire.spec(args)
     self.input_bytes = max(self.input_bytes, wire.payload_bytes(in_spec))
     self.tell({"op": "trial", "seed": seed})  # the candidate computes while the reference does
@@ -181,7 +182,8 @@ class Judge:
     except wire.OversizedPayload as e:  # e.g. float64 outputs where the reference has float32
       _, why, _ = self.decode(self.spec, e.header.get("outputs"), memoryview(b""))
       if why:
-        raise Ended("INCORRECT", f"trial {len(self.result['trials']) + 1} (seed {seed}): {why}") from e
+        raise Ended(enums.INCORRECT,
+                    f"trial {len(self.result['trials']) + 1} (seed {seed}): {why}") from e
       raise Ended(None, "", f"no valid answer to 'trial': {e}", False) from e
     except (wire.ProtocolError, OSError) as e:
       raise Ended(None, "", f"no valid answer to 'trial': {e}", False) from e
@@ -203,21 +205,21 @@ class Judge:
         problem.flatten(args), inputs_after, self.atol, self.rtol, what="input")[0]
     if not same:
       why = "ModelNew modified its inputs" if inputs_after is not None else "inputs unreadable"
-      self.result["findings"].append(("INPUT_MUTATION", f"{why} (trial seed {seed})"))
+      self.result["findings"].append((enums.INPUT_MUTATION, f"{why} (trial seed {seed})"))
       if record["passed"]:
         record.update(passed=False, message=f"{why}")
     elif reply.get("aliases_inputs") is True and not self.ref_aliases_inputs:
-      self.result["findings"].append(("OUTPUT_REUSE", "returned memory of its own inputs; the "
+      self.result["findings"].append((enums.OUTPUT_REUSE, "returned memory of its own inputs; the "
                                       "reference does not"))
     return record
 
   def correctness(self) -> None:
-    self.enter("STAGE_CORRECTNESS")
+    self.enter(enums.STAGE_CORRECTNESS)
     for seed in problem.trial_seeds(self.seed, self.opts["num_correctness_trials"]):
       record = self.trial(seed)
       self.result["trials"].append(record)
       if not record["passed"]:
-        raise Ended("INCORRECT", f"trial {len(self.result['trials'])} (seed {seed}): "
+        raise Ended(enums.INCORRECT, f"trial {len(self.result['trials'])} (seed {seed}): "
                     f"{record['message']}")
 
   def probes(self) -> None:
@@ -237,10 +239,10 @@ class Judge:
       # values is a wrong answer (a kernel at the edge of the tolerance, say), not a hack.
       if second is not None and (compare.same_values(first, second) or ok(expect_a, second)):
         self.result["findings"].append((
-            "OUTPUT_CACHING", "second call on the same input tensors with new values returned "
+            enums.OUTPUT_CACHING, "second call on the same input tensors with new values returned "
             "the first call's output"))
       else:
-        raise Ended("INCORRECT", "a second call on the same input tensors with new values "
+        raise Ended(enums.INCORRECT, "a second call on the same input tensors with new values "
                     "returned a wrong output")
     self.ask({"op": "aftermath", "seed": seed_a})
     reply, _ = self.ask({"op": "profile", "seed": seed_a})
@@ -293,7 +295,7 @@ class Judge:
       return
     k = wrong[0]
     late = read("late", [calls[k]])[0]
-    kind = "SIDE_STREAM" if ok(expected[k], late) else "OUTPUT_CACHING"
+    kind = enums.SIDE_STREAM if ok(expected[k], late) else enums.OUTPUT_CACHING
     self.result["findings"].append((kind, f"timed call {calls[k]} of its batch: output did not "
                                     "match the reference for that call's inputs when the timer "
                                     "stopped"))
@@ -302,7 +304,7 @@ class Judge:
     """Timing, in batches of calls: the judge times a batch of the reference, the candidate's
     process a batch of the candidate on the same rolls, then (by a secret draw) some of the
     candidate's outputs are read back and compared; who goes first alternates per batch."""
-    self.enter("STAGE_TIMING")
+    self.enter(enums.STAGE_TIMING)
     base = problem.inputs(self.get_inputs, self.seed + 1, self.device, self.dtype)
     rolling, verify = self.timing_checks(base)
     buf = problem.clone_tree(base)
@@ -334,7 +336,7 @@ class Judge:
               with torch.no_grad():
                 elapsed, out = timer(lambda: self.reference(*buf), cold)
             except Exception as e:  # pylint: disable=broad-except
-              raise Ended("BAD_REFERENCE", f"reference raised while timed: {e}") from e
+              raise Ended(enums.BAD_REFERENCE, f"reference raised while timed: {e}") from e
             samples[cold]["ref"].append(elapsed)
             if k in chosen:
               kept.append(problem.clone_tree(out))
@@ -348,7 +350,7 @@ class Judge:
           for (_, cold), elapsed in zip(chunk, times):
             samples[cold]["cand"].append(float(elapsed))
       quota -= len(chosen)
-      if chosen and not any(k in ("OUTPUT_CACHING", "SIDE_STREAM")
+      if chosen and not any(k in (enums.OUTPUT_CACHING, enums.SIDE_STREAM)
                             for k, _ in self.result["findings"]):
         self.check_timed_outputs(chosen, kept)
     ref, cand = timing.stats(samples[True]["ref"]), timing.stats(samples[True]["cand"])
@@ -391,7 +393,7 @@ def run(job: dict[str, Any], chan: wire.Channel, emit: Callable[[dict[str, Any]]
   """The trusted side of one job; returns the judge's report for the worker."""
   judge = Judge(job, chan, emit)
   result = judge.result
-  emit({"phase": "STAGE_LOAD"})
+  emit({"phase": enums.STAGE_LOAD})
   try:
     try:
       fraction = job.get("sandbox", {}).get("judge_gpu_memory_fraction", 0.0)
@@ -399,7 +401,7 @@ def run(job: dict[str, Any], chan: wire.Channel, emit: Callable[[dict[str, Any]]
       gpu_lock = timing.GpuLock.for_device(judge.device)
       lock_down()
     except Exception as e:  # pylint: disable=broad-except
-      raise Ended("INFRA_ERROR", f"judge setup failed: {type(e).__name__}: {e}") from e
+      raise Ended(enums.INFRA_ERROR, f"judge setup failed: {type(e).__name__}: {e}") from e
     judge.load_reference()
     judge.ask({"op": "load"})
     judge.correctness()
@@ -409,13 +411,13 @@ def run(job: dict[str, Any], chan: wire.Channel, emit: Callable[[dict[str, Any]]
         result["environment"]["timing_lock"] = state
         judge.time_both()
     judge.ask({"op": "finish"})
-    result["outcome"] = "OK"
+    result["outcome"] = enums.OK
   except Ended as e:
     result.update(outcome=e.outcome, message=e.message, candidate_ended=e.candidate)
     if e.in_step:
       _finish(chan, 2 * wire.payload_bytes(judge.spec) + judge.input_bytes)
   stage = result["stage"]
-  judge.enter("STAGE_DONE")  # closes the stage that was running
-  result["stage"] = "STAGE_DONE" if result["outcome"] == "OK" else stage
+  judge.enter(enums.STAGE_DONE)  # closes the stage that was running
+  result["stage"] = enums.STAGE_DONE if result["outcome"] == enums.OK else stage
   result["findings"] = [list(f) for f in result["findings"]]
   return result

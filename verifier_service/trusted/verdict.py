@@ -25,18 +25,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from dice.verifier.v1 import verifier_pb2 as pb
-
+from verifier_service import enums
 from verifier_service.run import policy
 from verifier_service.trusted import exploits
 
 PLAUSIBLE_SPEEDUP = 100.0
 _SIGNAL_CAUSES = {
-    "SIGXCPU": ("RESOURCE_EXHAUSTION", "CPU time limit (RLIMIT_CPU) exceeded"),
-    "SIGXFSZ": ("RESOURCE_EXHAUSTION", "file size limit (RLIMIT_FSIZE) exceeded"),
-    "SIGKILL": ("RESOURCE_EXHAUSTION", "killed by SIGKILL, not by the verifier: the kernel's "
+    "SIGXCPU": (enums.RESOURCE_EXHAUSTION, "CPU time limit (RLIMIT_CPU) exceeded"),
+    "SIGXFSZ": (enums.RESOURCE_EXHAUSTION, "file size limit (RLIMIT_FSIZE) exceeded"),
+    "SIGKILL": (enums.RESOURCE_EXHAUSTION, "killed by SIGKILL, not by the verifier: the kernel's "
                 "out-of-memory killer"),
-    "SIGSYS": ("SANDBOX_VIOLATION", "killed by seccomp (SIGSYS)"),
+    "SIGSYS": (enums.SANDBOX_VIOLATION, "killed by seccomp (SIGSYS)"),
 }
 
 
@@ -50,21 +49,21 @@ def _candidate_failure(cand: dict[str, Any], stage: str) -> tuple[str, str, list
   report, status = cand.get("report"), cand.get("status", {})
   if not report:
     if not cand.get("loading"):
-      return "INFRA_ERROR", (f"the candidate's process failed before the candidate was loaded "
+      return enums.INFRA_ERROR, (f"the candidate's process failed before the candidate was loaded "
                              f"({status}): {_tail(cand.get('log_tail', ''))}"), []
     if status.get("killed_by_worker"):
-      return "RUNTIME_ERROR", (f"the candidate's process neither reported nor exited after the "
+      return enums.RUNTIME_ERROR, (f"the candidate's process neither reported nor exited after the "
                                f"judge ended the run in {stage}"), []
     if "signal" in status:
-      kind, cause = _SIGNAL_CAUSES.get(status["signal_name"], ("CRASH", status["signal_name"]))
-      return "RUNTIME_ERROR", (f"ModelNew killed the worker with {status['signal_name']} in "
+      kind, cause = _SIGNAL_CAUSES.get(status["signal_name"], (enums.CRASH, status["signal_name"]))
+      return enums.RUNTIME_ERROR, (f"ModelNew killed the worker with {status['signal_name']} in "
                                f"{stage} ({cause}): {_tail(cand.get('log_tail', ''))}"), [
                                    (kind, cause)]
-    return "RUNTIME_ERROR", (f"the candidate's process exited ({status}) without reporting, in "
+    return enums.RUNTIME_ERROR, (f"the candidate's process exited ({status}) without reporting, in "
                              f"{stage}: {_tail(cand.get('log_tail', ''))}"), [
-                                 ("CRASH", f"exited with {status} in {stage}")]
+                                 (enums.CRASH, f"exited with {status} in {stage}")]
   if report.get("infra"):  # only credible before candidate code could have written the report
-    outcome = "RUNTIME_ERROR" if cand.get("loading") else "INFRA_ERROR"
+    outcome = enums.RUNTIME_ERROR if cand.get("loading") else enums.INFRA_ERROR
     return outcome, f"candidate's process: {report['infra']}", []
   if report.get("error"):
     return report["error"]["outcome"], report["error"]["message"], []
@@ -80,9 +79,9 @@ def _untrusted(report: Any) -> dict[str, Any]:
   into it, and nothing it wrote may break the verdict (an unknown exploit name, a huge list)."""
   if not isinstance(report, dict):
     return {}
-  known = set(pb.Exploit.keys()) - {"EXPLOIT_UNSPECIFIED"}
-  findings = [(str(f[0]), str(f[1])[:500]) for f in report.get("findings") or []
-              if isinstance(f, (list, tuple)) and len(f) == 2 and f[0] in known][:32]
+  findings = [(f[0], str(f[1])[:500]) for f in report.get("findings") or []
+              if isinstance(f, (list, tuple)) and len(f) == 2 and isinstance(f[0], str)
+              and f[0] in enums.EXPLOITS][:32]
   raw = report.get("evidence") if isinstance(report.get("evidence"), dict) else {}
   own = raw.get("own_fraction")
   compute = raw.get("compute_ops") if isinstance(raw.get("compute_ops"), dict) else {}
@@ -99,7 +98,7 @@ def _untrusted(report: Any) -> dict[str, Any]:
   return {"findings": findings, "evidence": evidence if raw else {},
           "forward_ops": _strings(report.get("forward_ops"), 64),
           "infra": str(report.get("infra") or "")[:500],
-          "error": {"outcome": "RUNTIME_ERROR", "message": str(error.get("message", ""))[:2000]}
+          "error": {"outcome": enums.RUNTIME_ERROR, "message": str(error.get("message", ""))[:2000]}
                    if isinstance(error, dict) else None}
 
 
@@ -111,11 +110,11 @@ def merge(options: dict[str, Any], judge: dict[str, Any], cand: dict[str, Any],
   cand = dict(cand, report=_untrusted(cand.get("report")))
   report = judge.get("report")
   if report is None:
-    verdict.update(outcome="INFRA_ERROR", stage=judge.get("phase", "STAGE_LOAD"), message=(
+    verdict.update(outcome=enums.INFRA_ERROR, stage=judge.get("phase", enums.STAGE_LOAD), message=(
         f"the judge process exited ({judge.get('status')}) without a report: "
         f"{_tail(judge.get('log_tail', ''))}"))
   else:
-    stage = report.get("stage", "STAGE_LOAD")
+    stage = report.get("stage", enums.STAGE_LOAD)
     verdict.update(stage=stage, trials=report.get("trials", []),
                    stage_timings=report.get("stage_timings", []),
                    environment=report.get("environment", {}))
@@ -125,15 +124,15 @@ def merge(options: dict[str, Any], judge: dict[str, Any], cand: dict[str, Any],
     outcome = report.get("outcome")
     # The judge's own comparison decides INCORRECT: whatever the candidate's process did after
     # (the judge closes its socket on a wrong answer, which that process may report as an error).
-    failure = None if outcome in ("BAD_REFERENCE", "INFRA_ERROR", "INCORRECT") else _candidate_failure(
-        cand, stage)
+    failure = None if outcome in (enums.BAD_REFERENCE, enums.INFRA_ERROR, enums.INCORRECT) else (
+        _candidate_failure(cand, stage))
     if failure is not None:
       verdict.update(outcome=failure[0], message=failure[1])
       found += failure[2]
-    elif outcome in ("OK", "INCORRECT", "BAD_REFERENCE", "INFRA_ERROR"):
+    elif outcome in (enums.OK, enums.INCORRECT, enums.BAD_REFERENCE, enums.INFRA_ERROR):
       verdict.update(outcome=outcome, message=report.get("message", ""))
     else:  # the candidate's side stopped answering: a rejecting finding, or the candidate's doing
-      verdict.update(outcome="RUNTIME_ERROR", message=(
+      verdict.update(outcome=enums.RUNTIME_ERROR, message=(
           f"the candidate's process ended the run in {stage}: {report.get('candidate_ended')}"))
       verdict["stopped"] = True
   evidence_of = cand.get("report") or {}
@@ -146,14 +145,14 @@ def merge(options: dict[str, Any], judge: dict[str, Any], cand: dict[str, Any],
       verdict["custom_kernel_time_fraction"] = float(evidence["own_fraction"])
     if evidence.get("note"):
       verdict["message"] = verdict.get("message") or str(evidence["note"])
-    if report is not None and verdict["outcome"] not in ("BAD_REFERENCE", "INFRA_ERROR"):
+    if report is not None and verdict["outcome"] not in (enums.BAD_REFERENCE, enums.INFRA_ERROR):
       found += policy.findings(options["policy"], options["min_custom_kernel_fraction"],
                                evidence, report.get("reference_ops"))
   speedup = verdict.get("timing", {}).get("speedup", 0.0)
   if speedup > options.get("plausible_speedup", PLAUSIBLE_SPEEDUP):
-    found.append(("IMPLAUSIBLE_SPEEDUP", f"speedup {speedup:.1f}x"))
+    found.append((enums.IMPLAUSIBLE_SPEEDUP, f"speedup {speedup:.1f}x"))
   verdict["exploits"] = [{"kind": k, "evidence": str(e)} for k, e in found] + list(violations)
   if verdict.pop("stopped", False) and any(f["kind"] in exploits.REJECTING
                                            for f in verdict["exploits"]):
-    verdict.update(outcome="REJECTED", message="")  # stopped for that finding: it is the reason
+    verdict.update(outcome=enums.REJECTED, message="")  # stopped for that finding: it is the reason
   return exploits.apply_policy(verdict)

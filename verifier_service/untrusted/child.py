@@ -46,6 +46,7 @@ from typing import Any, Callable
 
 import torch
 
+from verifier_service import enums
 from verifier_service.compile import sources
 from verifier_service.run import ops
 from verifier_service.run import policy
@@ -59,9 +60,9 @@ from verifier_service.untrusted import probes
 _OOM_MARKERS = ("out of memory", "MemoryError", "bad_alloc", "Cannot allocate memory",
                 "File too large", "No space left on device", "Too many open files")
 _REJECTING_NOW = frozenset({
-    "TRY_EXCEPT_FALLBACK", "INHERITS_REFERENCE", "OUTPUT_REUSE", "OUTPUT_CACHING", "SIDE_STREAM",
-    "MONKEY_PATCH", "TENSOR_SUBCLASS", "FILE_ACCESS", "NETWORK_ACCESS", "PROCESS_SPAWN",
-    "SANDBOX_VIOLATION", "DISPATCH_OVERRIDE"})
+    enums.TRY_EXCEPT_FALLBACK, enums.INHERITS_REFERENCE, enums.OUTPUT_REUSE, enums.OUTPUT_CACHING,
+    enums.SIDE_STREAM, enums.MONKEY_PATCH, enums.TENSOR_SUBCLASS, enums.FILE_ACCESS,
+    enums.NETWORK_ACCESS, enums.PROCESS_SPAWN, enums.SANDBOX_VIOLATION, enums.DISPATCH_OVERRIDE})
 
 
 class CandidateError(Exception):
@@ -74,7 +75,7 @@ class CandidateError(Exception):
 
 def _oom(error: BaseException) -> list[tuple[str, str]]:
   text = f"{type(error).__name__}: {error}"
-  return [("RESOURCE_EXHAUSTION", text[:300])] if any(m in text for m in _OOM_MARKERS) else []
+  return [(enums.RESOURCE_EXHAUSTION, text[:300])] if any(m in text for m in _OOM_MARKERS) else []
 
 
 def _patch_load_inline(modules: dict[str, str]) -> None:
@@ -159,7 +160,7 @@ class _Observer:
       self.found += tracer.findings(returned)
       threads = guards.python_threads()
       if threads:
-        self.found.append(("SIDE_STREAM", f"Python threads alive after forward: "
+        self.found.append((enums.SIDE_STREAM, f"Python threads alive after forward: "
                            f"{', '.join(threads[:4])}"))
 
 
@@ -172,7 +173,7 @@ class CandidateSide:
     self.device = torch.device(job["device"])
     self.opts = job["options"]
     precision = self.opts["precision"]
-    self.dtype = None if precision == "FP32" else problem.DTYPES[precision]
+    self.dtype = None if precision == enums.FP32 else problem.DTYPES[precision]
     self.seed = self.opts["seed"]
     self.found: list[tuple[str, str]] = []
     self.evidence: dict[str, Any] = {"kernel_names": job["kernel_names"], "launched": None,
@@ -250,12 +251,12 @@ class CandidateSide:
                                  problem.CANDIDATE_FILE)
       new_cls = cand.ModelNew
     except Exception as e:  # pylint: disable=broad-except
-      raise CandidateError("RUNTIME_ERROR", f"candidate failed to import: {type(e).__name__}: "
+      raise CandidateError(enums.RUNTIME_ERROR, f"candidate failed to import: {type(e).__name__}: "
                            f"{e}", _oom(e)) from e
     self.tripwire.armed = True
     model_cls = self.ref.Model
     if isinstance(new_cls, type) and issubclass(new_cls, model_cls):
-      self.found.append(("INHERITS_REFERENCE", f"ModelNew subclasses the reference Model: "
+      self.found.append((enums.INHERITS_REFERENCE, f"ModelNew subclasses the reference Model: "
                          f"{[c.__name__ for c in new_cls.__mro__]}"))
     try:
       candidate = problem.build(new_cls, self.ref.get_init_inputs, self.seed, self.device)
@@ -264,11 +265,12 @@ class CandidateSide:
       self.candidate = candidate.to(self.dtype) if self.dtype else candidate
       self.sync()
     except Exception as e:  # pylint: disable=broad-except
-      raise CandidateError("RUNTIME_ERROR", f"building ModelNew failed: {type(e).__name__}: "
+      raise CandidateError(enums.RUNTIME_ERROR, f"building ModelNew failed: {type(e).__name__}: "
                            f"{e}", _oom(e)) from e
     if isinstance(self.candidate, torch.nn.Module) and any(
         isinstance(m, model_cls) for m in self.candidate.modules()):
-      self.found.append(("INHERITS_REFERENCE", "ModelNew holds an instance of the reference Model"))
+      self.found.append((enums.INHERITS_REFERENCE,
+                         "ModelNew holds an instance of the reference Model"))
     self.reference = None  # its weights are copied; nothing else here needs it
     return {"stop": self.checkpoint()}
 
@@ -279,7 +281,7 @@ class CandidateSide:
       self.sync()
       return out
     except Exception as e:  # pylint: disable=broad-except
-      raise CandidateError("RUNTIME_ERROR", f"{what} raised {type(e).__name__}: {e}",
+      raise CandidateError(enums.RUNTIME_ERROR, f"{what} raised {type(e).__name__}: {e}",
                            _oom(e)) from e
 
   def on_trial(self, header: dict[str, Any]) -> tuple[dict[str, Any], list[Any]]:
@@ -312,7 +314,7 @@ class CandidateSide:
       self.found += probes.aftermath_probe(self.candidate, self.inputs(int(header["seed"])),
                                            self.device, self.baseline_tids)
     except Exception as e:  # pylint: disable=broad-except
-      raise CandidateError("RUNTIME_ERROR", f"ModelNew raised on a repeated call: "
+      raise CandidateError(enums.RUNTIME_ERROR, f"ModelNew raised on a repeated call: "
                            f"{type(e).__name__}: {e}", _oom(e)) from e
     return {"stop": self.checkpoint()}
 
@@ -356,7 +358,7 @@ class CandidateSide:
         times.append(elapsed)
         self.outs.append(out)
     except Exception as e:  # pylint: disable=broad-except
-      raise CandidateError("RUNTIME_ERROR", f"timing raised {type(e).__name__}: {e}",
+      raise CandidateError(enums.RUNTIME_ERROR, f"timing raised {type(e).__name__}: {e}",
                            _oom(e)) from e
     return {"us": times}
 
@@ -423,7 +425,7 @@ def run(job: dict[str, Any], chan: wire.Channel, emit: Callable[[dict[str, Any]]
     if not side.loading:
       report["infra"] = f"{type(e).__name__}: {e}"
     else:
-      report["error"] = {"outcome": "RUNTIME_ERROR", "message": (
+      report["error"] = {"outcome": enums.RUNTIME_ERROR, "message": (
           f"verifier code in the candidate's process raised {type(e).__name__}: "
           f"{str(e)[:300]} (after the candidate was loaded, so the candidate's doing)")}
   finally:

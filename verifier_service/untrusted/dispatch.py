@@ -32,6 +32,8 @@ import re
 
 import torch
 
+from verifier_service import enums
+
 _SITE = re.compile(r"registered at (.*):\d+(?: ::|$)")
 
 
@@ -101,10 +103,10 @@ class Registrations:
       old = set(before.splitlines()) if before is not None else set()
       for line in text.splitlines():
         if line not in old and self._foreign(line):
-          found.append(("DISPATCH_OVERRIDE", f"{name}: {line.strip()[:200]}"))
+          found.append((enums.DISPATCH_OVERRIDE, f"{name}: {line.strip()[:200]}"))
           break
     for key in sorted(_fallbacks() - self._fallbacks):
-      found.append(("DISPATCH_OVERRIDE", f"a backend fallback was registered for {key}"))
+      found.append((enums.DISPATCH_OVERRIDE, f"a backend fallback was registered for {key}"))
     return found[:8]
 
 

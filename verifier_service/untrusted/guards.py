@@ -28,6 +28,8 @@ from typing import Any, Iterable
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from verifier_service import enums
+
 _IGNORED_EXCEPTIONS = (StopIteration, StopAsyncIteration, GeneratorExit)
 
 
@@ -68,9 +70,9 @@ class ForwardTracer:
     out = []
     if self.reference_calls:
       calls = ", ".join(f"{k} x{n}" for k, n in sorted(self.reference_calls.items()))
-      out.append(("INHERITS_REFERENCE", f"ModelNew.forward ran the reference's code: {calls}"))
+      out.append((enums.INHERITS_REFERENCE, f"ModelNew.forward ran the reference's code: {calls}"))
     if returned and self.raised:
-      out.append(("TRY_EXCEPT_FALLBACK",
+      out.append((enums.TRY_EXCEPT_FALLBACK,
                   "forward caught an exception and carried on: " + "; ".join(self.raised)))
     return out
 
@@ -146,17 +148,17 @@ class Tripwire:
       write = (isinstance(mode, str) and any(c in mode for c in "wax+")) or bool(
           flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT))
       if not self._allowed_path(path, bool(write)) and self._from_candidate(caller, False):
-        self._add("FILE_ACCESS", f"{'wrote' if write else 'opened'} {path}")
+        self._add(enums.FILE_ACCESS, f"{'wrote' if write else 'opened'} {path}")
     elif event.startswith("socket.") and self._from_candidate(caller, False):
-      self._add("NETWORK_ACCESS", f"{event}{_short(args)}")
+      self._add(enums.NETWORK_ACCESS, f"{event}{_short(args)}")
     elif event in _PROCESS_EVENTS and self._from_candidate(caller, False):
-      self._add("PROCESS_SPAWN", f"{event}{_short(args)}")
+      self._add(enums.PROCESS_SPAWN, f"{event}{_short(args)}")
     elif event == "compile" and self._from_candidate(caller, True) and len(args) > 1:
       filename = args[1]
       if isinstance(filename, (str, bytes)):  # code the candidate compiles is the candidate's
         self.candidate_files.add(os.fsdecode(filename))
     elif event in _INTROSPECTION_EVENTS and self._from_candidate(caller, True):
-      self._add("MONKEY_PATCH", f"inspected the interpreter: {event}{_short(args[1:2])}")
+      self._add(enums.MONKEY_PATCH, f"inspected the interpreter: {event}{_short(args[1:2])}")
 
 
 def _short(args: tuple) -> str:
@@ -235,15 +237,15 @@ class StateGuard:
         current = now.get(name, None)
         if current is not original and not _is_torch_wrapper(current, original):
           where = f"{getattr(owner, '__name__', type(owner).__name__)}.{name}"
-          found.append(("MONKEY_PATCH", f"replaced {where}"))
+          found.append((enums.MONKEY_PATCH, f"replaced {where}"))
     for key, getter in _SETTINGS.items():
       if key in ignore_settings:
         continue
       value = self._read(getter)
       if value != self._settings[key]:
-        kind = {"torch.cuda.current_stream": "SIDE_STREAM"}.get(
-            key, "TENSOR_SUBCLASS" if key.endswith("_stack") else "MONKEY_PATCH")
-        what = "left a torch mode active" if kind == "TENSOR_SUBCLASS" else "changed"
+        kind = {"torch.cuda.current_stream": enums.SIDE_STREAM}.get(
+            key, enums.TENSOR_SUBCLASS if key.endswith("_stack") else enums.MONKEY_PATCH)
+        what = "left a torch mode active" if kind == enums.TENSOR_SUBCLASS else "changed"
         found.append((kind, f"{what}: {key} {self._settings[key]!r} -> {value!r}"))
     return found[:16]
 

@@ -23,6 +23,7 @@ from typing import Any, Callable
 
 import torch
 
+from verifier_service import enums
 from verifier_service.run import problem
 from verifier_service.untrusted import guards
 
@@ -47,15 +48,15 @@ def aftermath_probe(candidate: Callable[..., Any], inputs: Any, device: torch.de
       torch.cuda.synchronize()
     times_after = guards.os_thread_times()
   if not _same(early, out):
-    found.append(("SIDE_STREAM", "the output kept changing after forward returned (work on a "
+    found.append((enums.SIDE_STREAM, "the output kept changing after forward returned (work on a "
                   "side stream or thread that a current-stream timer would not see)"))
   names = guards.python_threads()
   if names:
-    found.append(("SIDE_STREAM", f"Python threads alive after forward: {', '.join(names[:4])}"))
+    found.append((enums.SIDE_STREAM, f"Python threads alive after forward: {', '.join(names[:4])}"))
   busy = [tid for tid, (ticks, state) in times_after.items() if tid not in baseline_tids and (
       state == "R" or ticks - times_before.get(tid, (ticks, ""))[0] >= 2)]
   if busy:
-    found.append(("SIDE_STREAM", f"threads started by the candidate kept running after forward "
+    found.append((enums.SIDE_STREAM, f"threads started by the candidate kept running after forward "
                   f"returned (tids {busy[:4]})"))
   return found
 
