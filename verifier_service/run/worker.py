@@ -323,8 +323,14 @@ def run_job(job: dict[str, Any], out: TextIO | None = None) -> dict[str, Any]:
   sandbox (the naive path of benchmarks/verifier_throughput.py): a job of sources, "options"
   (config.resolve_options), "kernel_names", "device", "job_id" and "modules" (None: the
   candidate's load_inline compiles with torch's own).
+
+  1. Copy the job's built modules into the candidate's folder (`_stage_modules`).
+  2. Fork the judge, then the candidate's process (`_fork_job`).
+  3. Serve both until they exited and their pipes are drained (`_serve_children`).
+  4. Reap both and merge their reports into the verdict (`_merge`).
+  5. Attach the candidate's log tail; remove both folders.
+  An OSError in 1-2 (copying, forking) is the verifier's: both children die, the result is None.
   """
-  from verifier_service.trusted import verdict  # pylint: disable=import-outside-toplevel
   out = out if out is not None else io.StringIO()
   job.setdefault("sandbox", {"enabled": False})
   cand_dir = tempfile.mkdtemp(prefix="dice-job-")
@@ -332,27 +338,32 @@ def run_job(job: dict[str, Any], out: TextIO | None = None) -> dict[str, Any]:
   done: dict[str, Any] = {"type": "done", "job_id": job["job_id"], "result": None}
   children: list[_Child] = []
   try:
-    _stage_modules(job, cand_dir)
-    children = _fork_job(job, cand_dir, judge_dir, out)
-    _serve_children(children, out, job["job_id"])
-    judge_side, cand_side = children
-    sides = {}
-    for child, tail_dir in ((judge_side, judge_dir), (cand_side, cand_dir)):
-      status = dict(child.reap(), **({"killed_by_worker": True} if child.killed else {}))
-      sides[child.role] = {"report": child.result, "status": status, "phase": child.phase,
-                           "loading": child.loading,
-                           "log_tail": _tail(os.path.join(tail_dir, "output.log"))}
-    done.update(status={r: s["status"] for r, s in sides.items()}, result=verdict.merge(
-        job["options"], sides[JUDGE], sides[CANDIDATE],
-        judge_side.violations + cand_side.violations))
-  except OSError as e:  # copying the module, forking: the verifier's problem
+    _stage_modules(job, cand_dir)  # 1
+    children = _fork_job(job, cand_dir, judge_dir, out)  # 2
+    _serve_children(children, out, job["job_id"])  # 3
+    done.update(_merge(job["options"], children))  # 4
+  except OSError as e:
     for child in children:
       child.kill()
     done.update(status={"exit_code": -1, "error": str(e)})
-  done["log_tail"] = _tail(os.path.join(cand_dir, "output.log"))
+  done["log_tail"] = _tail(os.path.join(cand_dir, "output.log"))  # 5
   shutil.rmtree(cand_dir, ignore_errors=True)
   shutil.rmtree(judge_dir, ignore_errors=True)
   return done
+
+
+def _merge(options: dict[str, Any], children: list[_Child]) -> dict[str, Any]:
+  """Reaps both children; their exit statuses and the verdict merged from their reports."""
+  from verifier_service.trusted import verdict  # pylint: disable=import-outside-toplevel
+  sides = {}
+  for child in children:
+    status = dict(child.reap(), **({"killed_by_worker": True} if child.killed else {}))
+    sides[child.role] = {"report": child.result, "status": status, "phase": child.phase,
+                         "loading": child.loading,
+                         "log_tail": _tail(os.path.join(child.job_dir, "output.log"))}
+  violations = [v for child in children for v in child.violations]
+  return {"status": {role: side["status"] for role, side in sides.items()},
+          "result": verdict.merge(options, sides[JUDGE], sides[CANDIDATE], violations)}
 
 
 def _fork_job(job: dict[str, Any], cand_dir: str, judge_dir: str, out: TextIO) -> list[_Child]:
