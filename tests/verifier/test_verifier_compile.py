@@ -483,7 +483,7 @@ def test_dice_candidates_qualify_for_the_lite_tier(toolchain, cache_dir, shared_
 def test_lite_build_matches_types_build_and_falls_back(toolchain, cache_dir):
   lite = _build(toolchain, cache_dir, _extension(_candidate(FACTORY_SOURCE, "tier_lite")))
   assert lite.ok, lite.log
-  assert lite.header_tier == LITE and lite.light_header and lite.pch_used
+  assert lite.header_tier == LITE and lite.pch_used
   assert lite.main_tier == LITE and not lite.main_notes
   again = _build(toolchain, cache_dir, _extension(_candidate(FACTORY_SOURCE, "tier_lite")))
   assert again.cache_hit and again.so_path == lite.so_path
@@ -508,7 +508,7 @@ def test_cpp_extension_runs_and_computes(toolchain, cache_dir):
   result = _build(toolchain, cache_dir,
                   _extension(kernels.cpp_candidate("scaled_add"), allow_cpu_only=True))
   assert result.ok, result.log
-  assert result.header_tier == "" and not result.light_header
+  assert result.header_tier == ""
   probe = textwrap.dedent(f"""
       import importlib.util, torch
       spec = importlib.util.spec_from_file_location("cpu_family", {result.so_path!r})

@@ -6,6 +6,7 @@ import concurrent.futures
 import time
 
 import grpc
+import prometheus_client
 import psutil
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -252,7 +253,7 @@ def test_token_auth(cache_dir, toolchain):
 
 def test_prometheus_metrics_count_verdicts(server):
   server.stub().Verify(request("metrics-reject", "import torch\n"), timeout=30)
-  text = server.scheduler.metrics.exposition().decode()
+  text = prometheus_client.generate_latest(server.scheduler.metrics.registry).decode()
   assert 'dice_verifier_verdicts_total{outcome="REJECTED"}' in text
   assert "dice_verifier_stage_seconds_bucket" in text
   assert "dice_verifier_queue_depth" in text

@@ -55,8 +55,6 @@ LITE, ORIGINAL = header_tiers.LITE, header_tiers.ORIGINAL
 _TIERS = (header_tiers.LITE, header_tiers.TYPES)
 _ORIGINAL_PCH = ("#include <torch/extension.h>\n", "torch_extension_pch.h")
 
-ProcessFailed = compile_procs.ProcessFailed  # kept importable from here
-
 
 @dataclasses.dataclass(frozen=True)
 class Progress:
@@ -81,11 +79,6 @@ class BuildResult:
   pch_used: bool = False  # main.cpp was compiled with a precompiled header
   timed_out: bool = False
   duration_s: float = 0.0
-
-  @property
-  def light_header(self) -> bool:
-    """cuda.cu was built with lighter torch headers than it names."""
-    return self.header_tier in _TIERS
 
 
 def _lighter(tier: str) -> bool:
@@ -295,14 +288,14 @@ class Compiler:
     try:
       done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
       for task in done:
-        if isinstance(task.exception(), ProcessFailed):
+        if isinstance(task.exception(), compile_procs.ProcessFailed):
           return self._failed(key, task.exception().log)
       main_obj, main_tier, main_notes, pch_used = tasks[0].result()
       cuda_obj, tier, notes = tasks[1].result() if len(tasks) > 1 else (None, "", {})
       self._report("link", f"linking {ext.name}")
       try:
         so_path = await self._objects.link(flags, ext.name, main_obj, cuda_obj)
-      except ProcessFailed as e:
+      except compile_procs.ProcessFailed as e:
         if not (_lighter(main_tier) or _lighter(tier)):
           return self._failed(key, e.log)
         try:  # lighter objects that compile but do not link: fall back to the originals
@@ -313,7 +306,7 @@ class Compiler:
             notes[tier] = "compiled but did not link"
             cuda_obj, tier, _ = await self._cuda_object(flags, cuda_text, ())
           so_path = await self._objects.link(flags, ext.name, main_obj, cuda_obj)
-        except ProcessFailed as e2:
+        except compile_procs.ProcessFailed as e2:
           return self._failed(key, e2.log)
     finally:
       for task in tasks:
@@ -351,7 +344,7 @@ class Compiler:
           "-c", "{src}", "-o", "{out}"] + list(flags.post_cflags)
       try:
         obj, output = await self._objects.compile(cmd, text, "main.cpp")
-      except ProcessFailed as e:
+      except compile_procs.ProcessFailed as e:
         if tier == ORIGINAL:
           raise
         notes[tier] = "did not compile"
@@ -385,7 +378,7 @@ class Compiler:
       try:
         obj, _ = await self._objects.compile(cmd, text, "cuda.cu", module_id)
         return obj, tier, notes
-      except ProcessFailed as e:
+      except compile_procs.ProcessFailed as e:
         if tier == ORIGINAL:
           raise
         notes[tier] = "did not compile"

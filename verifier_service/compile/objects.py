@@ -33,8 +33,6 @@ from verifier_service.compile import procs as compile_procs
 
 log = logging.getLogger(__name__)
 
-ProcessFailed = compile_procs.ProcessFailed
-
 
 def digest(*parts: object) -> str:
   return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
@@ -76,7 +74,7 @@ class Objects:
       return str(obj), read(final / "compile.log")
     failed = final / "error.log"
     if failed.is_file():
-      raise ProcessFailed(failed.read_text(errors="replace"))
+      raise compile_procs.ProcessFailed(failed.read_text(errors="replace"))
     path = await self._inflight.run(
         key, lambda: self._compile(cmd, text, filename, final, split, module_id))
     return path, read(final / "compile.log")
@@ -104,13 +102,13 @@ class Objects:
         output = f"$ {' '.join(argv)}\n{output}"
       output = output.replace(f"{work}/", "")  # the log names cuda.cu, not a scratch folder
       if rc < 0:  # killed by a signal (OOM killer, operator): not a property of the source
-        raise ProcessFailed(output + f"\ncompiler killed by signal {-rc}")
+        raise compile_procs.ProcessFailed(output + f"\ncompiler killed by signal {-rc}")
       final.parent.mkdir(parents=True, exist_ok=True)
       if rc != 0:
         (work / "error.log").write_text(output)
         out.unlink(missing_ok=True)
         self.publish(work, final)
-        raise ProcessFailed(output)
+        raise compile_procs.ProcessFailed(output)
       (work / "compile.log").write_text(output)
       self.publish(work, final)
       return str(final / out.name)
@@ -132,7 +130,7 @@ class Objects:
       argv = list(flags.cxx) + objects + list(flags.ldflags) + ["-o", str(work / so.name)]
       rc, output = await self._runner.run(argv, cwd=work)
       if rc != 0:
-        raise ProcessFailed(output)
+        raise compile_procs.ProcessFailed(output)
       final.parent.mkdir(parents=True, exist_ok=True)
       self.publish(work, final)
       return str(so)

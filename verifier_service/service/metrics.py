@@ -34,6 +34,3 @@ class Metrics:
 
   def serve_http(self, port: int, addr: str = "0.0.0.0") -> None:
     prom.start_http_server(port, addr=addr, registry=self.registry)
-
-  def exposition(self) -> bytes:
-    return prom.generate_latest(self.registry)

@@ -58,8 +58,10 @@ def _read(path: pathlib.Path, flag: str) -> bytes:
     raise ValueError(f"cannot read {flag} {path}: {e.strerror}") from None
 
 
-def _is_loopback(target: str) -> bool:
-  host = target.split("///")[-1].rsplit(":", 1)[0].strip("[]")
+def is_loopback(address: str) -> bool:
+  """Whether a gRPC target or listen address (host:port, [v6]:port, dns:///host:port) is on
+  loopback. The server's exposure check uses it too."""
+  host = address.split("///")[-1].rsplit(":", 1)[0].strip("[]")
   if host == "localhost":
     return True
   try:
@@ -88,7 +90,7 @@ class RemoteVerifier:
       token = _read(settings.auth_token_file, "--auth-token-file").decode("utf-8", "replace").strip()
       if not token:
         raise ValueError(f"--auth-token-file {settings.auth_token_file} is empty")
-      if not settings.uses_tls and not _is_loopback(settings.target):
+      if not settings.uses_tls and not is_loopback(settings.target):
         log.warning("sending a bearer token to %s without TLS (add --tls or --tls-ca)", settings.target)
       self.metadata = (("authorization", f"Bearer {token}"),)
     self._credentials = None

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import asyncio
 import errno
-import ipaddress
 import logging
 import os
 import pathlib
@@ -44,6 +43,7 @@ from grpc_reflection.v1alpha import reflection
 from dice.verifier.v1 import verifier_pb2 as pb
 
 from verifier_service.service import config as config_lib
+from verifier_service.service import remote
 from verifier_service.service import scheduler as scheduler_lib
 
 log = logging.getLogger(__name__)
@@ -176,22 +176,12 @@ class _TokenAuth(grpc.aio.ServerInterceptor):
         handler is not None and handler.response_streaming) else grpc.unary_unary_rpc_method_handler(deny)
 
 
-def _is_loopback(listen: str) -> bool:
-  host = listen.rsplit(":", 1)[0].strip("[]")
-  if host == "localhost":
-    return True
-  try:
-    return ipaddress.ip_address(host).is_loopback
-  except ValueError:
-    return False
-
-
 def check_exposure(config: config_lib.ServerConfig, insecure: bool) -> None:
   """Refuses a non-loopback address without a token or mTLS: the verifier runs submitted code."""
   tls_parts = (config.tls_cert, config.tls_key, config.tls_client_ca)
   if any(tls_parts) and not all(tls_parts):
     raise ValueError("mTLS needs all of --tls-cert, --tls-key and --tls-client-ca")
-  if not _is_loopback(config.listen) and not config.auth_token and not config.tls and (
+  if not remote.is_loopback(config.listen) and not config.auth_token and not config.tls and (
       not insecure):
     raise ValueError(f"refusing to listen on {config.listen} without --auth-token-file or mTLS "
                      "(--tls-cert/--tls-key/--tls-client-ca), or --insecure-public: the verifier "
@@ -274,7 +264,7 @@ def ready_line(info: pb.ServerInfo, listen: str, port: int, config: config_lib.S
   elif config.auth_token:
     auth = "bearer token"
   else:
-    auth = "none (loopback only)" if _is_loopback(listen) else "NONE (--insecure-public)"
+    auth = "none (loopback only)" if remote.is_loopback(listen) else "NONE (--insecure-public)"
   extra = f"; metrics http://0.0.0.0:{config.metrics_port}/metrics" if config.metrics_port else ""
   return (f"dice-verifier: serving on {address}; {gpus}; {info.compile_workers} compile workers; "
           f"auth: {auth}{extra}")

@@ -22,7 +22,6 @@ import os
 import sys
 import threading
 import time
-import types
 from typing import Any, Iterable
 
 import torch
@@ -270,8 +269,3 @@ def os_thread_times() -> dict[int, tuple[int, str]]:
     except (OSError, IndexError, ValueError):
       pass
   return times
-
-
-def module_types(module: types.ModuleType) -> list[type]:
-  """Classes a module defines (for StateGuard's extra owners)."""
-  return [v for v in vars(module).values() if isinstance(v, type) and v.__module__ == module.__name__]
