@@ -266,7 +266,7 @@ def exit_code(verdicts: list[pb.Verdict]) -> int:
 
 def _precheck(request: pb.VerifyRequest, config: config_lib.ServerConfig) -> pb.Verdict | None:
   """The verdict of a request no verifier would take (empty or oversized source), worded as the
-  trainer's client words it (dice_jax.rewards.client), so `check` and the client agree."""
+  trainer's client words it (dice_jax.verifier.client), so `check` and the client agree."""
   from verifier_service.service import server as server_lib  # pylint: disable=import-outside-toplevel
   error = server_lib.validate(request, config)
   if not error:

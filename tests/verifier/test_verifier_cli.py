@@ -105,7 +105,7 @@ def test_check_json_names_each_candidate(files, cache_dir):
 
 
 def test_empty_candidate_gets_the_clients_verdict(files, tmp_path, cache_dir):
-  from dice_jax.rewards import client as client_lib  # the trainer's client; imports no jax
+  from dice_jax.verifier import client as client_lib  # the trainer's client; imports no jax
   empty = tmp_path / "empty.py"
   empty.write_text("  \n")
   proc = run_cli("check", str(files["ref.py"]), str(empty), "--json", "--cache-dir", str(cache_dir))

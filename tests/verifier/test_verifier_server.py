@@ -1,4 +1,4 @@
-"""A real grpc.aio server on loopback, real nvcc compiles, no GPU: the CI path of DESIGN §6."""
+"""A real grpc.aio server on loopback, real nvcc compiles, no GPU: the CI path of ARCHITECTURE.md's verifier section."""
 
 from __future__ import annotations
 

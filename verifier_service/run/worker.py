@@ -11,7 +11,7 @@ at stderr so that stray prints cannot corrupt it, and job children never inherit
   {"type": "phase", "job_id": ..., "phase": "STAGE_..."}         as the judge goes
   {"type": "done", "job_id": ..., "result": {...}, "status": {...}, "log_tail": "..."}
 
-The trust boundary (DESIGN §6, stage 3). Each job runs in two children forked from this process:
+The trust boundary (ARCHITECTURE.md, "The verifier's trust boundary"). Each job runs in two children forked from this process:
 - the judge (trusted/judge.py) executes the reference, regenerates every input from the seeds,
   compares and times the reference: it never loads candidate code;
 - the candidate's process (untrusted/child.py) executes the candidate and answers the judge's

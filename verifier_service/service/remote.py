@@ -7,7 +7,7 @@ token (`authorization: Bearer <token>` metadata), TLS with the system roots or a
 client certificate for mTLS.
 
 Decision: generated stubs directly, not dice_jax's reward client: verifier_service does not import
-the trainer's package (DESIGN §2), and a command-line check needs neither the client's streams nor
+the trainer's package (ARCHITECTURE.md, "Layers"), and a command-line check needs neither the client's streams nor
 its cache; a failed call becomes a verdict here (INVALID_ARGUMENT: REJECTED as the server worded it;
 anything else: INFRA_ERROR naming the server and the status).
 """

@@ -1,9 +1,9 @@
 """The pipeline for one request, and the bookkeeping around many: admission, dedup, caching.
 
-Stages, each with its own limit (DESIGN §6): static checks (milliseconds, inline), compile (the
-compile pool, `compile_timeout_s`), run (a GPU worker slot, `run_timeout_s` covering load,
-correctness, launch check and timing). A run that ends in INFRA_ERROR is retried once on another
-slot; a candidate's failure never is.
+Stages, each with its own limit (ARCHITECTURE.md, "The verifier's trust boundary"): static
+checks (milliseconds, inline), compile (the compile pool, `compile_timeout_s`), run (a GPU worker
+slot, `run_timeout_s` covering load, correctness, launch check and timing). A run that ends in
+INFRA_ERROR is retried once on another slot; a candidate's failure never is.
 
 Admission is bounded: at most `queue_capacity` distinct requests are in flight (waiting for the
 compile pool, compiling, waiting for a slot, or running); beyond that `QueueFull` is raised and the
