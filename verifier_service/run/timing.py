@@ -23,13 +23,14 @@ the candidate's process snapshot the output at that moment, and the judge compar
 the reference (a late or stale output is SIDE_STREAM / OUTPUT_CACHING).
 
 Timing owns the GPU: with several slots on one GPU, each judge takes that GPU's lock file
-(`GpuLock`, an flock the kernel drops when the judge dies) for its whole timing stage, so no other
-job's timing runs on the GPU at the same time (issue 16: with 4 slots timing at once on an H200,
-the verdicts' reference times were 1.39x and the candidates' 2.07x those of one process timing
-alone). Other jobs' correctness trials can still overlap a timing stage: for figures comparable
-with KernelBench, run one slot per GPU (the default). A judge waits at most `LOCK_WAIT_S`; past
-that it times anyway and says so in the verdict's environment (`timing_lock`), so a slow
-neighbour can never turn into a timeout of this job.
+(`GpuLock`, an flock the kernel drops when the judge dies) for its whole timing stage, so no two
+jobs time on the GPU at the same moment. Other jobs' correctness trials can still overlap a timing
+stage. A judge waits at most `LOCK_WAIT_S`; past that it times anyway and says so in the verdict's
+environment (`timing_lock`), so a slow neighbour can never turn into a timeout of this job.
+Measured on an H200 (2026-12-01, RELIABILITY.md "Timing method"): the verdicts' times are above
+what this timer gives in a plain process at 1 slot as at 4, so concurrency is not what separates
+them; a torch.profiler session run earlier in the same process (the candidate's kernel-share probe)
+adds ~23 us to every later call.
 
 The timer's functions are bound when this module is imported (before any candidate code runs),
 and the candidate process's StateGuard refuses candidates that replace them afterwards. On the
