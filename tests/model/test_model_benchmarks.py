@@ -31,5 +31,10 @@ def test_mfu_benchmark_tiny():
 @pytest.mark.slow
 def test_sharded_step_tiny_on_8_devices():
   out = _run(str(BENCHMARKS / "model_sharded_step.py"), "--tiny", "--cpu-devices", "8", "--mesh", "2,2,2",
-             "--steps", "2")
+             "--steps", "2", "--compare-one-device")
   assert "OK: losses" in out and "Adam mu of gate_proj: P(None, 'fsdp', 'tensor')" in out, out
+  sharded = re.search(r"^OK: losses ([\d.]+) -> ([\d.]+)", out, re.M)
+  one = re.search(r"^one device: losses ([\d.]+) -> ([\d.]+); .*: same loss$", out, re.M)
+  assert sharded and one, out
+  assert abs(float(sharded[2]) - float(one[2])) < 1e-4  # the script's own check, read back
+  assert re.search(r"^step time: 8 devices [\d.]+ ms, one device [\d.]+ ms; scaling", out, re.M), out
