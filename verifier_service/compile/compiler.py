@@ -345,11 +345,7 @@ class Compiler:
       try:
         obj, output = await self._objects.compile(cmd, text, "main.cpp")
       except compile_procs.ProcessFailed as e:
-        if tier == ORIGINAL:
-          raise
-        notes[tier] = "did not compile"
-        if header_tiers.broken_by_tier(e.log, tier):
-          self._envs.disable(env, tier, e.log)
+        self._tier_failed(env, tier, e, notes)
         continue
       used = bool(header and header.precompiled)
       if used and pch_lib.REJECTED_RE.search(output):
@@ -379,14 +375,20 @@ class Compiler:
         obj, _ = await self._objects.compile(cmd, text, "cuda.cu", module_id)
         return obj, tier, notes
       except compile_procs.ProcessFailed as e:
-        if tier == ORIGINAL:
-          raise
-        notes[tier] = "did not compile"
-        if header_tiers.broken_by_tier(e.log, tier):
-          self._envs.disable(env, tier, e.log)
+        self._tier_failed(env, tier, e, notes)
         if tier == LITE:
           lite_log = e.log
     raise AssertionError("plan() always ends with the original source")
+
+  def _tier_failed(self, env: header_tiers.Environment | None, tier: str,
+                   error: compile_procs.ProcessFailed, notes: dict[str, str]) -> None:
+    """A lighter tier that did not compile is noted (and disabled for its environment when the log
+    shows the tier broke it); the original source's failure is the build's, re-raised."""
+    if tier == ORIGINAL:
+      raise error
+    notes[tier] = "did not compile"
+    if header_tiers.broken_by_tier(error.log, tier):
+      self._envs.disable(env, tier, error.log)
 
   def _failed(self, key: str, log_text: str) -> BuildResult:
     text, truncated = bound_log(log_text, self.max_log_bytes)
