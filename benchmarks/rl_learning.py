@@ -27,6 +27,8 @@ written, 1 when a stage failed (its log is printed).
 
     python benchmarks/rl_learning.py --work runs/learn --budget-s 470 --wheels .whl   # one H200
     python benchmarks/rl_learning.py --work /tmp/learn-smoke --smoke                  # CPU, every stage, tiny
+    python benchmarks/rl_learning.py --work runs/learn2 --budget-s 470 --wheels .whl \
+      --rl-set optimizer.lr=2e-5 --rl-set algo.kl_reference=reference   # the next try (BENCHMARKS.md)
 
 Cost on one H200 with 16 cores (an estimate until measured): SFT ~2-3 min (1,000 steps of ~14
 TFLOP); then the RL arms, ~20-30 s a step each, bound by compiling kernels (~8 CPU-s per new
@@ -443,6 +445,8 @@ def with_flags(sizes: Sizes, args: argparse.Namespace) -> Sizes:
     changes["rl_overrides"] = (*sizes.rl_overrides, f"rollout.prompts_per_step={args.prompts_per_step}")
   if args.rl_steps:
     changes["rl_steps"] = args.rl_steps
+  if args.rl_set:
+    changes["rl_overrides"] = (*changes.get("rl_overrides", sizes.rl_overrides), *args.rl_set)
   if args.eval_problems:
     changes["heldout_spec"] = sizes.heldout_spec.split("&limit=")[0] + f"&limit={args.eval_problems}"
   if args.eval_samples:
@@ -470,6 +474,9 @@ def main() -> int:
   size.add_argument("--prompts-per-step", type=int, help="RL prompts per step (group size stays 4)")
   size.add_argument("--eval-problems", type=int, help="held-out problems evaluated (default 24)")
   size.add_argument("--eval-samples", type=int, help="samples per problem at temperature 1 (default 4)")
+  size.add_argument("--rl-set", action="append", default=[], metavar="KEY=VALUE",
+                    help="a `dice train` override for both RL arms, e.g. optimizer.lr=2e-5 or "
+                         "algo.kl_reference=reference (repeatable)")
   args = parser.parse_args()
   start = time.monotonic()
   sizes = with_flags(Sizes.smoke() if args.smoke else Sizes.gpu(), args)
