@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 import pytest
+import yaml
 
 SCRIPT = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "rl_learning.py"
 
@@ -17,8 +18,8 @@ SCRIPT = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "rl_learni
 @pytest.mark.slow
 def test_learning_benchmark_smoke(tmp_path):
   env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # one CPU device, not conftest's 8 fakes
-  proc = subprocess.run([sys.executable, str(SCRIPT), "--work", str(tmp_path), "--smoke", "--budget-s", "840"],
-                        capture_output=True, text=True, timeout=900, env=env)
+  proc = subprocess.run([sys.executable, str(SCRIPT), "--work", str(tmp_path), "--smoke", "--budget-s", "840",
+                         "--rl-set", "optimizer.lr=3e-5"], capture_output=True, text=True, timeout=900, env=env)
   assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
   state = json.loads((tmp_path / "state.json").read_text())
   assert {k: v["status"] for k, v in state.items() if k != "warm_rl_answers"} == {
@@ -32,3 +33,6 @@ def test_learning_benchmark_smoke(tmp_path):
   assert [len(results["rl"][arm]["steps"]) for arm in ("rl_e2e", "rl_biphase")] == [2, 2]
   assert len(results["plots"]) >= 2 and all(pathlib.Path(p).is_file() for p in results["plots"])
   assert "(c) bi-phase RL" in (tmp_path / "results.md").read_text()
+  for arm in ("rl_e2e", "rl_biphase"):  # --rl-set reached both RL runs
+    config = yaml.safe_load((tmp_path / arm / "config.yaml").read_text())
+    assert config["optimizer"]["lr"] == pytest.approx(3e-5), arm
