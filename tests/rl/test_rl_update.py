@@ -1,4 +1,4 @@
-"""The pure jitted update step: on-policy ratio 1, gradient direction, and 8 fake devices == 1 device."""
+"""The pure jitted update step: on-policy ratio 1, gradient direction, and a sharded update == 1 device."""
 
 import jax
 import jax.numpy as jnp
@@ -81,13 +81,16 @@ def test_on_policy_update_has_ratio_one_and_moves_logprobs_with_the_advantage():
   assert np.all(change[adv > 0.5] > 0) and np.all(change[adv < 0] < 0)
 
 
-def test_sharded_update_on_8_devices_equals_one_device():
-  assert jax.device_count() == 8, "tests/conftest.py fakes 8 CPU devices"
+def test_sharded_update_equals_one_device():
+  """FSDP over every device (CI: the 8 CPU devices tests/conftest.py fakes; a 2-GPU machine: both
+  GPUs, benchmarks/gpu_two.sh rl) against the first device alone."""
+  if jax.device_count() < 2:
+    pytest.skip("needs 2 or more devices")
   algo = AlgoSection()
   _, one, m1, _, _ = _update(transformer.single_device_mesh(), algo, minibatches=2)
-  _, eight, m8, _, _ = _update(sharding.make_mesh(1, 8, 1), algo, minibatches=2)
+  _, many, mn, _, _ = _update(sharding.make_mesh(1, jax.device_count(), 1), algo, minibatches=2)
   for key in ("loss", "kl", "ratio_mean", "grad_norm", "entropy", "adv/abs_mean"):
-    assert m8[key] == pytest.approx(m1[key], rel=1e-4, abs=1e-6), key
+    assert mn[key] == pytest.approx(m1[key], rel=1e-4, abs=1e-6), key
   assert m1["kl"] > 0  # the second minibatch is off-policy
-  for a, b in zip(jax.tree.leaves(one), jax.tree.leaves(eight)):
+  for a, b in zip(jax.tree.leaves(one), jax.tree.leaves(many)):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=2e-6, rtol=1e-4)
