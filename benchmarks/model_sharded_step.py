@@ -100,7 +100,6 @@ def run_steps(args, cfg, mesh, tokens_np) -> tuple[list[float], list[float], boo
   (imports here: `main` sets XLA_FLAGS before JAX is first imported)."""
   import jax
   import jax.numpy as jnp
-  import numpy as np
   import optax
   from flax import nnx
 

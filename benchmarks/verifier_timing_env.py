@@ -8,6 +8,13 @@ differ in one respect each, so the ratio to `plain` names the cause:
 
   plain                 CUDA set up, the reference built, timed: the in-process figure
   plain_again           the same, last: what running first (after the GPU idled) costs
+  rolled                plain, with fresh rolled input values copied in before each timed call
+                        (outside the events), as the judge times
+  forked                plain, in a fork of a process that imported torch before CUDA existed,
+                        as the worker forks the judge
+  profile_after_sandboxed  the fix to try for the candidate's process: sandboxed, no profiler
+                        session before timing (libcupti is mapped by `import torch` already), then
+                        a first session after timing, inside the sandbox: does it still work?
   profiled              after one `probes.kernel_profile` (torch.profiler with CUDA activity,
                         CUPTI), as the candidate's process runs at set-up and for its profile probe
   profiled_teardown     the same with TEARDOWN_CUPTI=1 (kineto finalises CUPTI when it stops)
@@ -15,7 +22,7 @@ differ in one respect each, so the ratio to `plain` names the cause:
   sandboxed             every sandbox layer (sandbox.lock_down), as the judge times the reference
   candidate_like        sandboxed + profiled + the armed audit hook (guards.Tripwire)
 
-  python benchmarks/verifier_timing_env.py DICE_JSON [--pairs 12] [--trials 100]   # GPU, ~1 min
+  python benchmarks/verifier_timing_env.py DICE_JSON [--pairs 12] [--trials 100]   # GPU, ~2 min
 """
 
 from __future__ import annotations
@@ -29,16 +36,36 @@ import sys
 import tempfile
 
 CONDITIONS = ("plain", "profiled", "profiled_teardown", "seccomp", "sandboxed", "candidate_like",
-              "plain_again")
+              "rolled", "forked", "profile_after_sandboxed", "plain_again")
 
 
-def child(condition: str, data: str, count: int, trials: int) -> dict[str, list[float]]:
-  """Runs in a fresh process: per reference, (warm median, cold median) in microseconds."""
-  from verifier_service.run import sandbox  # pylint: disable=import-outside-toplevel
+def child(condition: str, data: str, count: int, trials: int) -> dict[str, object]:
+  """Runs in a fresh process: per reference, (warm median, cold median) in microseconds; "_note"
+  says what else the condition found."""
   condition = condition.replace("_again", "")
-  sandboxed = condition in ("sandboxed", "candidate_like")
+  if condition != "forked":
+    return _measure(condition, data, count, trials)
+  import torch  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import  (as the worker)
+  read, write = os.pipe()
+  pid = os.fork()
+  if pid == 0:  # the judge's situation: a fork of a process that imported torch, CUDA set up here
+    os.close(read)
+    with os.fdopen(write, "w") as f:
+      json.dump(_measure("plain", data, count, trials), f)
+    os._exit(0)  # pylint: disable=protected-access
+  os.close(write)
+  with os.fdopen(read) as f:
+    text = f.read()
+  os.waitpid(pid, 0)
+  return json.loads(text)
+
+
+def _measure(condition: str, data: str, count: int, trials: int) -> dict[str, object]:
+  from verifier_service.run import sandbox  # pylint: disable=import-outside-toplevel
+  sandboxed = condition in ("sandboxed", "candidate_like", "profile_after_sandboxed")
   job_dir = tempfile.mkdtemp(prefix="timing-env-")
   netns = sandbox.enter_namespaces() if sandboxed else ""
+  note = ""
   import torch  # pylint: disable=import-outside-toplevel
   from verifier_service.run import problem, timing  # pylint: disable=import-outside-toplevel
   from verifier_service.untrusted import guards, probes  # pylint: disable=import-outside-toplevel
@@ -66,14 +93,27 @@ def child(condition: str, data: str, count: int, trials: int) -> dict[str, list[
     wire.install()
     wire.armed = True
   timer = timing.Timer(device)
-  out = {}
+  out: dict[str, object] = {}
   with torch.no_grad():
     for ident, model, args in refs:
-      fn = lambda m=model, a=args: m(*a)
+      rolled = condition == "rolled"  # as the judge: fresh rolled values copied in before each call
+      buf = problem.clone_tree(args) if rolled else args
+      fn = lambda m=model, b=buf: m(*b)
       timing.warm_up(lambda f=fn: (f(), torch.cuda.synchronize()))
-      warm = [timer(fn, False)[0] for _ in range(trials)]
-      cold = [timer(fn, True)[0] for _ in range(trials)]
+      warm, cold = [], []
+      for k in range(trials):  # warm and cold calls interleaved, as the judge times
+        for cold_call, samples in ((False, warm), (True, cold)):
+          if rolled:
+            problem.copy_into(buf, problem.roll(args, 2 * k + 1 + cold_call))
+          samples.append(timer(fn, cold_call)[0])
       out[str(ident)] = [statistics.median(warm), statistics.median(cold)]
+    if condition == "profile_after_sandboxed":  # does a first session work after the sandbox closed?
+      _, model, args = refs[0]
+      profile = probes.kernel_profile(lambda: model(*args), [])
+      note = (f"a first profiler session after timing, inside the sandbox: {profile['note']}"
+              if profile["note"] else "a first profiler session after timing, inside the sandbox, "
+              f"worked: {len(profile['library'])} kernel name(s), e.g. {profile['library'][:1]}")
+  out["_note"] = note
   return out
 
 
@@ -101,10 +141,11 @@ def main() -> None:
       print(f"{condition}: failed (exit {proc.returncode}): {proc.stderr[-1500:]}", flush=True)
       continue
     results[condition] = json.loads(lines[-1][len("RESULT "):])
+  notes = {c: r.pop("_note", "") for c, r in results.items()}
   base = results.get("plain")
   if not base:
     sys.exit("the plain condition failed; nothing to compare")
-  print(f"{'condition':20} {'warm x plain':>12} {'cold x plain':>12} {'warm +us':>9} {'cold +us':>9}"
+  print(f"{'condition':22} {'warm x plain':>12} {'cold x plain':>12} {'warm +us':>9} {'cold +us':>9}"
         f"   (medians over {len(base)} DICE references; plain warm median "
         f"{statistics.median(v[0] for v in base.values()):.1f} us)")
   summary = {}
@@ -114,7 +155,9 @@ def main() -> None:
     added = [statistics.median(got[i][k] - base[i][k] for i in ids) for k in (0, 1)]
     summary[condition] = {"warm_ratio": ratio[0], "cold_ratio": ratio[1], "warm_added_us": added[0],
                           "cold_added_us": added[1]}
-    print(f"{condition:20} {ratio[0]:12.2f} {ratio[1]:12.2f} {added[0]:9.1f} {added[1]:9.1f}")
+    print(f"{condition:22} {ratio[0]:12.2f} {ratio[1]:12.2f} {added[0]:9.1f} {added[1]:9.1f}"
+          + (f"   {notes[condition]}" if notes[condition] else ""))
+    summary[condition]["note"] = notes[condition]
   if args.out:
     with open(args.out, "w") as f:
       json.dump({"summary": summary, "per_reference_us": results}, f, indent=1)
