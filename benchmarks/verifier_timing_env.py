@@ -61,6 +61,7 @@ def child(condition: str, data: str, count: int, trials: int) -> dict[str, objec
 
 
 def _measure(condition: str, data: str, count: int, trials: int) -> dict[str, object]:
+  """The references built, the condition applied, each timed (`child` describes the result)."""
   from verifier_service.run import sandbox  # pylint: disable=import-outside-toplevel
   sandboxed = condition in ("sandboxed", "candidate_like", "profile_after_sandboxed")
   job_dir = tempfile.mkdtemp(prefix="timing-env-")
