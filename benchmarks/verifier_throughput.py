@@ -50,6 +50,7 @@ from dice.verifier.v1 import verifier_pb2_grpc
 
 from verifier_service.compile import checks
 from verifier_service.compile import toolchain as toolchain_lib
+from verifier_service.run import job as job_lib
 from verifier_service.service import config as config_lib
 from verifier_service.service import scheduler as scheduler_lib
 from verifier_service.service import server as server_lib
@@ -127,7 +128,7 @@ def load_items(path: str, count: int, skip: int = 0) -> list[dict]:
   return chosen
 
 
-def _naive_one(item: dict, root: pathlib.Path, device: str, options: dict,
+def _naive_one(item: dict, root: pathlib.Path, device: str, options: job_lib.JobOptions,
                toolchain: toolchain_lib.Toolchain) -> tuple[str, str, float, float]:
   """(outcome, message, latency, CPU seconds) of one candidate on the naive path."""
   work = root / str(item["id"])
@@ -138,7 +139,7 @@ def _naive_one(item: dict, root: pathlib.Path, device: str, options: dict,
   env["TORCH_EXTENSIONS_DIR"] = str(work / "ext")
   start, cpu0 = time.monotonic(), _cpu_children()
   proc = subprocess.run([sys.executable, "-c", _NAIVE, str(work / "ref.py"), str(work / "cand.py"),
-                         str(work / "out.json"), device, json.dumps(options)], env=env,
+                         str(work / "out.json"), device, json.dumps(options.to_json())], env=env,
                         capture_output=True, text=True, check=False, cwd=work)
   latency, cpu = time.monotonic() - start, _cpu_children() - cpu0
   try:
@@ -148,7 +149,7 @@ def _naive_one(item: dict, root: pathlib.Path, device: str, options: dict,
     return f"CRASHED(rc={proc.returncode})", proc.stderr[-300:], latency, cpu
 
 
-def run_naive(items: list[dict], parallel: int, device: str, options: dict,
+def run_naive(items: list[dict], parallel: int, device: str, options: job_lib.JobOptions,
               toolchain: toolchain_lib.Toolchain) -> dict:
   root = pathlib.Path(tempfile.mkdtemp(prefix="naive-"))
   start = time.monotonic()

@@ -22,9 +22,12 @@ import textwrap
 import pytest
 import torch
 
+from dice.verifier.v1 import verifier_pb2 as pb
+
 from verifier_service.run import ops
 from verifier_service.run import policy
 from verifier_service.run import wire
+from verifier_service.service import config as config_lib
 from verifier_service.trusted import verdict
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -152,8 +155,7 @@ def test_strict_policy_is_the_old_rule_with_a_configurable_fraction():
 
 # ----------------------------------------------------------------------------- merge
 
-_OPTIONS = {"policy": "POLICY_DEFAULT", "min_custom_kernel_fraction": 0.5,
-            "plausible_speedup": 100.0}
+_OPTIONS = config_lib.resolve_options(pb.VerifyOptions(), config_lib.ServerConfig())  # POLICY_DEFAULT
 _JUDGE_OK = {"outcome": "OK", "stage": "STAGE_DONE", "trials": [], "stage_timings": [],
              "findings": [], "reference_ops": ["aten::add", "aten::mul"],
              "timing": {"speedup": 2.0}}

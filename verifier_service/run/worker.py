@@ -55,6 +55,7 @@ import traceback
 from typing import Any, TextIO
 
 from verifier_service import enums
+from verifier_service.run import job as job_lib
 from verifier_service.run import sandbox
 
 LOG_TAIL_BYTES = 4096
@@ -341,7 +342,7 @@ def run_job(job: dict[str, Any], out: TextIO | None = None) -> dict[str, Any]:
     _stage_modules(job, cand_dir)  # 1
     children = _fork_job(job, cand_dir, judge_dir, out)  # 2
     _serve_children(children, out, job["job_id"])  # 3
-    done.update(_merge(job["options"], children))  # 4
+    done.update(_merge(job_lib.JobOptions.from_json(job["options"]), children))  # 4
   except OSError as e:
     for child in children:
       child.kill()
@@ -352,7 +353,7 @@ def run_job(job: dict[str, Any], out: TextIO | None = None) -> dict[str, Any]:
   return done
 
 
-def _merge(options: dict[str, Any], children: list[_Child]) -> dict[str, Any]:
+def _merge(options: job_lib.JobOptions, children: list[_Child]) -> dict[str, Any]:
   """Reaps both children; their exit statuses and the verdict merged from their reports."""
   from verifier_service.trusted import verdict  # pylint: disable=import-outside-toplevel
   sides = {}

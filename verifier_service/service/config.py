@@ -16,6 +16,7 @@ from dice.verifier.v1 import verifier_pb2 as pb
 from verifier_service import enums
 from verifier_service.compile import cache as compile_cache
 from verifier_service.compile import toolchain
+from verifier_service.run import job as job_lib
 
 POLICIES = {"default": pb.POLICY_DEFAULT, "strict": pb.POLICY_STRICT}
 
@@ -100,26 +101,25 @@ def _precision_name(value: int) -> str:
   return enums.FP32 if value in (pb.PRECISION_UNSPECIFIED, pb.FP32) else pb.Precision.Name(value)
 
 
-def resolve_options(options: pb.VerifyOptions, config: ServerConfig) -> dict[str, Any]:
+def resolve_options(options: pb.VerifyOptions, config: ServerConfig) -> job_lib.JobOptions:
   """The job options a worker runs with: request values, defaults for zeros, clamped."""
   pick = lambda value, default, cap: min(value, cap) if value > 0 else default
-  return {
-      "precision": _precision_name(options.precision),
-      "num_correctness_trials": pick(options.num_correctness_trials, config.correctness_trials,
-                                     config.max_correctness_trials),
-      "atol": options.atol if options.atol > 0 else 0.0,
-      "rtol": options.rtol if options.rtol > 0 else 0.0,
-      "skip_timing": options.skip_timing,
-      "num_timing_trials": pick(options.num_timing_trials, config.timing_trials,
-                                config.max_timing_trials),
-      "compile_timeout_s": pick(options.compile_timeout_s, config.compile_timeout_s,
-                                config.max_compile_timeout_s),
-      "run_timeout_s": pick(options.run_timeout_s, config.run_timeout_s,
-                            config.max_run_timeout_s),
-      "seed": options.seed or config.seed,
-      "plausible_speedup": config.plausible_speedup,
-      "policy": pb.Policy.Name(options.policy or POLICIES[config.policy]),
-      "min_custom_kernel_fraction": (min(options.min_custom_kernel_fraction, 1.0)
-                                     if options.min_custom_kernel_fraction > 0
-                                     else config.strict_min_fraction),
-  }
+  return job_lib.JobOptions(
+      precision=_precision_name(options.precision),
+      num_correctness_trials=pick(options.num_correctness_trials, config.correctness_trials,
+                                  config.max_correctness_trials),
+      atol=options.atol if options.atol > 0 else 0.0,
+      rtol=options.rtol if options.rtol > 0 else 0.0,
+      skip_timing=options.skip_timing,
+      num_timing_trials=pick(options.num_timing_trials, config.timing_trials,
+                             config.max_timing_trials),
+      compile_timeout_s=pick(options.compile_timeout_s, config.compile_timeout_s,
+                             config.max_compile_timeout_s),
+      run_timeout_s=pick(options.run_timeout_s, config.run_timeout_s, config.max_run_timeout_s),
+      seed=options.seed or config.seed,
+      plausible_speedup=config.plausible_speedup,
+      policy=pb.Policy.Name(options.policy or POLICIES[config.policy]),
+      min_custom_kernel_fraction=(min(options.min_custom_kernel_fraction, 1.0)
+                                  if options.min_custom_kernel_fraction > 0
+                                  else config.strict_min_fraction),
+  )

@@ -178,7 +178,7 @@ class Scheduler:
     verdict = pb.Verdict(request_id=request.request_id)
     verdict.environment.CopyFrom(pb.Environment(**self.toolchain.environment()))
     options = config_lib.resolve_options(request.options, self.config)
-    verdict.policy = pb.Policy.Value(options["policy"])
+    verdict.policy = pb.Policy.Value(options.policy)
     try:
       await self._stages(request, options, verdict)
     except Exception as e:  # pylint: disable=broad-except
@@ -217,7 +217,7 @@ class Scheduler:
 
     t = time.monotonic()
     builds = await asyncio.gather(*(
-        self.compiler.build(ext, options["compile_timeout_s"]) for ext in report.extensions))
+        self.compiler.build(ext, options.compile_timeout_s) for ext in report.extensions))
     verdict.stage_timings.add(stage=pb.STAGE_COMPILE, duration_s=time.monotonic() - t)
     self._fill_compile(verdict, builds)
     failed = next((b for b in builds if not b.ok), None)
@@ -237,11 +237,11 @@ class Scheduler:
     job = {"reference_source": request.reference_source,
            "candidate_source": request.candidate_source,
            "modules": {ext.fingerprint: b.so_path for ext, b in zip(report.extensions, builds)},
-           "kernel_names": report.kernel_names, "options": options}
+           "kernel_names": report.kernel_names, "options": options.to_json()}
     for attempt in (1, 2):
       verdict.attempts = attempt
       t = time.monotonic()
-      result = await self.pool.run(job, options["run_timeout_s"])
+      result = await self.pool.run(job, options.run_timeout_s)
       if result.get("outcome") != enums.INFRA_ERROR or attempt == 2:
         break
       self.metrics.infra_retries.inc()

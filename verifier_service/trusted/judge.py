@@ -42,6 +42,7 @@ from typing import Any, Callable
 import torch
 
 from verifier_service import enums
+from verifier_service.run import job as job_lib
 from verifier_service.run import ops
 from verifier_service.run import policy
 from verifier_service.run import problem
@@ -81,12 +82,12 @@ class Judge:
                emit: Callable[[dict[str, Any]], None]):
     self.job, self.chan, self.emit = job, chan, emit
     self.device = torch.device(job["device"])
-    self.opts = job["options"]
-    precision = self.opts["precision"]
+    self.opts = job_lib.JobOptions.from_json(job["options"])
+    precision = self.opts.precision
     self.dtype = None if precision == enums.FP32 else problem.DTYPES[precision]
-    self.seed = self.opts["seed"]
-    self.atol = self.opts["atol"] or problem.DEFAULT_TOLERANCE[precision]
-    self.rtol = self.opts["rtol"] or problem.DEFAULT_TOLERANCE[precision]
+    self.seed = self.opts.seed
+    self.atol = self.opts.atol or problem.DEFAULT_TOLERANCE[precision]
+    self.rtol = self.opts.rtol or problem.DEFAULT_TOLERANCE[precision]
     self.result: dict[str, Any] = {"stage_timings": [], "trials": [], "findings": [],
                                    "stage": enums.STAGE_LOAD}
     self._started = time.monotonic()
@@ -215,7 +216,7 @@ class Judge:
 
   def correctness(self) -> None:
     self.enter(enums.STAGE_CORRECTNESS)
-    for seed in problem.trial_seeds(self.seed, self.opts["num_correctness_trials"]):
+    for seed in problem.trial_seeds(self.seed, self.opts.num_correctness_trials):
       record = self.trial(seed)
       self.result["trials"].append(record)
       if not record["passed"]:
@@ -247,7 +248,7 @@ class Judge:
     self.ask({"op": "aftermath", "seed": seed_a})
     reply, _ = self.ask({"op": "profile", "seed": seed_a})
     evidence = reply.get("evidence") if isinstance(reply.get("evidence"), dict) else {}
-    if policy.findings(self.opts["policy"], self.opts["min_custom_kernel_fraction"], evidence,
+    if policy.findings(self.opts.policy, self.opts.min_custom_kernel_fraction, evidence,
                        self.result["reference_ops"]):
       raise Ended(None, "", "the policy rejects the work split it reported")  # no timing needed
 
@@ -311,7 +312,7 @@ class Judge:
     timer = timing.Timer(self.device)
     self.ask({"op": "warmup", "seed": self.seed + 1})
     timing.warm_up(lambda: self.run_reference(buf))
-    trials = self.opts["num_timing_trials"]
+    trials = self.opts.num_timing_trials
     per_call = max(1, wire.payload_bytes(self.spec))
     batch = max(2, min(BATCH_CALLS, KEPT_BYTES // per_call)) // 2 * 2
     rng = random.Random(self.seed)  # (shift, cold) per call: cold, warm, cold, warm, ...
@@ -406,7 +407,7 @@ def run(job: dict[str, Any], chan: wire.Channel, emit: Callable[[dict[str, Any]]
     judge.ask({"op": "load"})
     judge.correctness()
     judge.probes()
-    if not judge.opts["skip_timing"]:
+    if not judge.opts.skip_timing:
       with gpu_lock.held() as state:
         result["environment"]["timing_lock"] = state
         judge.time_both()

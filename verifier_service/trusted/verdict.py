@@ -26,10 +26,10 @@ from __future__ import annotations
 from typing import Any
 
 from verifier_service import enums
+from verifier_service.run import job as job_lib
 from verifier_service.run import policy
 from verifier_service.trusted import exploits
 
-PLAUSIBLE_SPEEDUP = 100.0
 _SIGNAL_CAUSES = {
     "SIGXCPU": (enums.RESOURCE_EXHAUSTION, "CPU time limit (RLIMIT_CPU) exceeded"),
     "SIGXFSZ": (enums.RESOURCE_EXHAUSTION, "file size limit (RLIMIT_FSIZE) exceeded"),
@@ -102,10 +102,10 @@ def _untrusted(report: Any) -> dict[str, Any]:
                    if isinstance(error, dict) else None}
 
 
-def merge(options: dict[str, Any], judge: dict[str, Any], cand: dict[str, Any],
+def merge(options: job_lib.JobOptions, judge: dict[str, Any], cand: dict[str, Any],
           violations: list[dict[str, str]]) -> dict[str, Any]:
   """The Verdict-shaped dict (proto field names) for one job."""
-  verdict: dict[str, Any] = {"policy": options["policy"], "stage_timings": [], "trials": []}
+  verdict: dict[str, Any] = {"policy": options.policy, "stage_timings": [], "trials": []}
   found: list[tuple[str, str]] = []
   cand = dict(cand, report=_untrusted(cand.get("report")))
   report = judge.get("report")
@@ -146,10 +146,10 @@ def merge(options: dict[str, Any], judge: dict[str, Any], cand: dict[str, Any],
     if evidence.get("note"):
       verdict["message"] = verdict.get("message") or str(evidence["note"])
     if report is not None and verdict["outcome"] not in (enums.BAD_REFERENCE, enums.INFRA_ERROR):
-      found += policy.findings(options["policy"], options["min_custom_kernel_fraction"],
+      found += policy.findings(options.policy, options.min_custom_kernel_fraction,
                                evidence, report.get("reference_ops"))
   speedup = verdict.get("timing", {}).get("speedup", 0.0)
-  if speedup > options.get("plausible_speedup", PLAUSIBLE_SPEEDUP):
+  if speedup > options.plausible_speedup:
     found.append((enums.IMPLAUSIBLE_SPEEDUP, f"speedup {speedup:.1f}x"))
   verdict["exploits"] = [{"kind": k, "evidence": str(e)} for k, e in found] + list(violations)
   if verdict.pop("stopped", False) and any(f["kind"] in exploits.REJECTING

@@ -48,6 +48,7 @@ import torch
 
 from verifier_service import enums
 from verifier_service.compile import sources
+from verifier_service.run import job as job_lib
 from verifier_service.run import ops
 from verifier_service.run import policy
 from verifier_service.run import problem
@@ -171,10 +172,10 @@ class CandidateSide:
                emit: Callable[[dict[str, Any]], None]):
     self.job, self.chan, self.emit = job, chan, emit
     self.device = torch.device(job["device"])
-    self.opts = job["options"]
-    precision = self.opts["precision"]
+    self.opts = job_lib.JobOptions.from_json(job["options"])
+    precision = self.opts.precision
     self.dtype = None if precision == enums.FP32 else problem.DTYPES[precision]
-    self.seed = self.opts["seed"]
+    self.seed = self.opts.seed
     self.found: list[tuple[str, str]] = []
     self.evidence: dict[str, Any] = {"kernel_names": job["kernel_names"], "launched": None,
                                      "own_fraction": None, "library": [], "compute_ops": {}}
