@@ -551,13 +551,7 @@ def test_precompiled_header_is_really_used(toolchain, cache_dir):
 # Host code in main.cpp (a C++-only extension): conversions pybind11 and torch's casters make.
 BINDING_SOURCE = r'''
 #include <vector>
-torch::Tensor scaled_add(torch::Tensor a, torch::Tensor b, double s) {
-  auto out = torch::empty_like(a);
-  auto pa = a.data_ptr<float>(); auto pb = b.data_ptr<float>(); auto po = out.data_ptr<float>();
-  for (int64_t i = 0; i < a.numel(); ++i) po[i] = (pa[i] + pb[i]) * (float)s;
-  return out;
-}
-torch::Tensor throws(torch::Tensor a, torch::Tensor b, double s) {
+''' + kernels.SCALED_ADD_CPP + r'''torch::Tensor throws(torch::Tensor a, torch::Tensor b, double s) {
   TORCH_CHECK(false, "deliberate failure in the candidate");
   return a;
 }

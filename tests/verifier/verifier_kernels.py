@@ -80,6 +80,15 @@ NEEDS_EXTENSION_H = cuda_candidate(
                         "auto out = torch::empty_like(a);\n  (void)torch::nn::functional::"
                         "ReLUFuncOptions(false);"), name="needs_ext_h")
 
+# The C++ host implementation of the problem, shared by the C++-only test sources.
+SCALED_ADD_CPP = r'''torch::Tensor scaled_add(torch::Tensor a, torch::Tensor b, double s) {
+  auto out = torch::empty_like(a);
+  auto pa = a.data_ptr<float>(); auto pb = b.data_ptr<float>(); auto po = out.data_ptr<float>();
+  for (int64_t i = 0; i < a.numel(); ++i) po[i] = (pa[i] + pb[i]) * (float)s;
+  return out;
+}
+'''
+
 # One C++ extension with many behaviours; CPU test mode runs these without a GPU. The hostile
 # functions at the end try to leave the sandbox (tests/adversarial); each one that gets through
 # fails loudly with "ESCAPED: ..." and otherwise returns the right answer.
@@ -101,13 +110,7 @@ CPP_SOURCE = r'''
 #include <sys/uio.h>
 #include <unistd.h>
 
-torch::Tensor scaled_add(torch::Tensor a, torch::Tensor b, double s) {
-  auto out = torch::empty_like(a);
-  auto pa = a.data_ptr<float>(); auto pb = b.data_ptr<float>(); auto po = out.data_ptr<float>();
-  for (int64_t i = 0; i < a.numel(); ++i) po[i] = (pa[i] + pb[i]) * (float)s;
-  return out;
-}
-
+''' + SCALED_ADD_CPP + r'''
 torch::Tensor add_only(torch::Tensor a, torch::Tensor b, double s) {  // part of the work
   return scaled_add(a, b, 1.0);
 }
