@@ -23,14 +23,8 @@ export PYTHONPATH=.
 TINY=()
 if [ "${SMOKE:-0}" = 1 ]; then TINY=(--tiny); fi
 
-stage() {  # name, limit, command...: run with a limit, log to $OUT/name.log, remember the exit status
-  local name=$1 limit=$2
-  shift 2
-  local start=$SECONDS
-  timeout "$limit" "$@" >"$OUT/$name.log" 2>&1
-  local rc=$?
-  echo "$name: exit $rc after $((SECONDS - start)) s (limit $limit s)" | tee -a "$OUT/stages.txt"
-}
+STAGE_DIR=$OUT
+source benchmarks/stage.sh
 
 if command -v nvidia-smi >/dev/null; then
   nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv >"$OUT/gpu.txt" 2>&1

@@ -18,13 +18,8 @@ export PYTHONUNBUFFERED=1
 FAKE=()
 if [ "${SMOKE:-0}" = 1 ]; then FAKE=(--tiny --cpu-devices 8); fi
 
-stage() {  # name, limit, command...: run with a limit, log to $OUT/name.log
-  local name=$1 limit=$2
-  shift 2
-  local start=$SECONDS
-  timeout "$limit" "$@" >"$OUT/$name.log" 2>&1
-  echo "$name: exit $? after $((SECONDS - start)) s (limit $limit s)" | tee -a "$OUT/stages.txt"
-}
+STAGE_DIR=$OUT
+source benchmarks/stage.sh
 
 case "$PART" in
   model)

@@ -23,16 +23,9 @@ TIMING_S=${TIMING_S:-240}
 PORT=50071
 
 DEADLINE_S=${DEADLINE_S:-560}  # the whole script ends by then (a device call gets 600 s)
-
-stage() {  # name, limit, command...: run with a limit (never past the deadline), log to
-  local name=$1 limit=$2  # $WORK/name.log, remember the exit status, archive what exists so far
-  shift 2
-  local start=$SECONDS left=$((DEADLINE_S - SECONDS - 10))
-  if [ "$left" -lt "$limit" ]; then limit=$left; fi
-  if [ "$limit" -le 0 ]; then echo "$name: skipped, no time left" | tee -a "$WORK/stages.txt"; return; fi
-  timeout "$limit" "$@" >"$WORK/$name.log" 2>&1
-  local rc=$?
-  echo "$name: exit $rc after $((SECONDS - start)) s (limit $limit s)" | tee -a "$WORK/stages.txt"
+STAGE_DIR=$WORK
+source benchmarks/stage.sh
+after_stage() {  # what exists so far comes back even if the call is cut short
   tar -czf "$OUT/results.tgz" -C "$WORK" --exclude cache .
 }
 
