@@ -278,7 +278,7 @@ def main() -> None:
           "ref_vs_in_process_cold": ratio(f"verdict_ref_us_{slots}", "ref_cold_us"),
           "cand_vs_in_process_cold": ratio(f"verdict_cand_us_{slots}", "cand_cold_us"),
           "timing_lock": dict(collections.Counter(
-              r.get(f"timing_lock_{slots}", "").split(" (")[0] for r in rows))}
+              r.get(f"timing_lock_{slots}", "").split(" (")[0].split(";")[0] for r in rows))}
   print("summary:", json.dumps(summary, indent=1))
   if args.out:
     pathlib.Path(args.out).write_text(json.dumps({"summary": summary, "rows": rows}, indent=1))

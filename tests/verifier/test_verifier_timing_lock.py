@@ -1,4 +1,5 @@
-"""The per-GPU timing lock (timing.GpuLock): one job's timing at a time, never a stuck GPU.
+"""The per-GPU timing lock (timing.GpuLock): one job's timing at a time, never a stuck GPU; and
+the CPU core both sides time on (timing.timing_core, timing.on_core).
 
 Real processes contend for a real lock file: a second judge waits for the first, gives up after
 its wait (and says so) instead of timing out, and gets the lock once a holder dies, since the
@@ -7,6 +8,7 @@ kernel drops an flock with its last descriptor.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -63,3 +65,20 @@ def test_no_lock_off_the_gpu_and_an_unusable_folder_is_reported(tmp_path):
   blocker.write_text("")
   with timing.GpuLock(str(blocker / "gpu-z.lock")).held() as state:
     assert state.startswith("unavailable (") and "gpu-z.lock" in state
+
+
+def test_the_timing_core_binds_the_thread_and_gives_its_cpu_set_back():
+  import torch  # pylint: disable=import-outside-toplevel
+  before = os.sched_getaffinity(0)
+  core = timing.timing_core(torch.device("cpu"))
+  assert core == max(before)
+  with timing.on_core(core) as where:
+    assert where == f"on cpu {core}"
+    assert os.sched_getaffinity(0) == {core}
+  assert os.sched_getaffinity(0) == before
+  with timing.on_core(None) as where:
+    assert where == "no cpu binding"
+  missing = max(before) + 4096  # no such CPU: reported, nothing changed
+  with timing.on_core(missing) as where:
+    assert where.startswith(f"not bound to cpu {missing}: ")
+    assert os.sched_getaffinity(0) == before

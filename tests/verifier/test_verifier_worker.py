@@ -46,7 +46,28 @@ def test_correct_candidate_passes_every_trial_and_is_timed(cpu_server):
   stages = [t.stage for t in verdict.stage_timings]
   assert stages[:2] == [pb.STAGE_STATIC_CHECK, pb.STAGE_COMPILE]
   assert {pb.STAGE_QUEUE, pb.STAGE_LOAD, pb.STAGE_CORRECTNESS, pb.STAGE_TIMING} <= set(stages)
-  assert verdict.environment.timing_lock == "off (not a GPU)"  # the GPU lock: timing.GpuLock
+  # The GPU lock (timing.GpuLock), then the core both sides timed on (timing.timing_core).
+  core = max(os.sched_getaffinity(0))
+  assert verdict.environment.timing_lock == f"off (not a GPU); on cpu {core}"
+
+
+def test_the_candidate_times_on_the_judges_core(cpu_server):
+  """Both sides time on one CPU core: a candidate that is right everywhere except when its process
+  is bound to a single core is caught by the check of its timed outputs, which it could only fail
+  if the judge's core binding reached its process."""
+  if len(os.sched_getaffinity(0)) < 2:
+    pytest.skip("needs two CPU cores: with one, every call runs bound to it")
+  candidate = kernels.cpp_candidate("scaled_add").replace(
+      "        return ext.scaled_add(a, b, self.scale)",
+      "        import os\n"
+      "        if len(os.sched_getaffinity(0)) == 1:\n"
+      "            return ext.scaled_add(a, -b, self.scale)\n"
+      "        return ext.scaled_add(a, b, self.scale)")
+  assert "sched_getaffinity" in candidate
+  verdict = verify(cpu_server, "scaled_add", candidate=candidate)
+  assert verdict.outcome == pb.REJECTED, verdict.message
+  assert all(t.passed for t in verdict.trials)  # unbound: right
+  assert any("timed call" in e.evidence for e in verdict.exploits), verdict.exploits
 
 
 def test_tolerance_decides_and_is_configurable(cpu_server):

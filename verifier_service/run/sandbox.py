@@ -8,7 +8,7 @@ in two calls, through the kernel's own mechanisms:
    interface is a loopback that is down, so no address is reachable (not the server's port, not the
    host, not the internet). As root it is created directly; as an ordinary user, inside a new user
    namespace that maps the user to itself.
-2. `lock_down(policy)` after the trusted setup (CUDA context, memory cap, profiler) and before the
+2. `lock_down(policy)` after the trusted setup (CUDA context, memory cap, imports) and before the
    reference or the candidate is executed:
    - environment: replaced by an allow-list (no tokens or keys reach candidate code);
    - rlimits: CPU seconds, data segment (host memory; RLIMIT_AS would break CUDA's large virtual

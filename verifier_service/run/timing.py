@@ -27,10 +27,18 @@ Timing owns the GPU: with several slots on one GPU, each judge takes that GPU's 
 jobs time on the GPU at the same moment. Other jobs' correctness trials can still overlap a timing
 stage. A judge waits at most `LOCK_WAIT_S`; past that it times anyway and says so in the verdict's
 environment (`timing_lock`), so a slow neighbour can never turn into a timeout of this job.
+Both sides time on one CPU core (`timing_core`, per GPU; `on_core` binds the timing thread): a
+small kernel's time is mostly its host-side launch, and on the H200 box that cost drifted by up
+to 40% over seconds within one process, so two processes timed on whatever cores the scheduler
+gave them could differ by that much for no reason of their own. The two sides never time at once
+(they alternate), so sharing the core costs nothing; at one slot per GPU the verdicts' speedups
+moved from 0.84 to 0.90 of KernelBench's (median of 20 DICE pairs) and the worst pair's gap
+halved. The verdict's `timing_lock` says where it ran ("held; on cpu 15").
+
 Measured on an H200 (2026-12-01, RELIABILITY.md "Timing method"): the verdicts' times are above
 what this timer gives in a plain process at 1 slot as at 4, so concurrency is not what separates
-them; a torch.profiler session run earlier in the same process (the candidate's kernel-share probe)
-adds ~23 us to every later call.
+them; a torch.profiler session run earlier in the same process (it was the candidate's kernel-share
+probe, which now runs after timing) added 12-84 us to every later call of a launch-bound model.
 
 The timer's functions are bound when this module is imported (before any candidate code runs),
 and the candidate process's StateGuard refuses candidates that replace them afterwards. On the
@@ -64,6 +72,35 @@ def stats(samples_us: list[float]) -> dict[str, Any]:
       "min_us": ordered[0], "max_us": ordered[-1], "p10_us": q(0.10), "p90_us": q(0.90),
       "stddev_us": statistics.pstdev(ordered), "num_trials": len(ordered),
   }
+
+
+def timing_core(device: torch.device) -> int | None:
+  """The CPU core both sides of a job time on: per GPU index, counted from the last core this
+  process may use (the compilers' pool is niced and spread over every core)."""
+  cores = sorted(os.sched_getaffinity(0))
+  index = device.index if device.index is not None else (
+      torch.cuda.current_device() if device.type == "cuda" else 0)
+  return cores[-1 - index % len(cores)] if cores else None
+
+
+@contextlib.contextmanager
+def on_core(core: int | None) -> Iterator[str]:
+  """Runs the calling thread on `core` (restoring its CPU set after); yields what the verdict
+  reports: "on cpu N", or why not."""
+  if core is None:
+    yield "no cpu binding"
+    return
+  previous = os.sched_getaffinity(0)
+  try:
+    os.sched_setaffinity(0, {core})
+  except OSError as e:
+    yield f"not bound to cpu {core}: {e.strerror}"
+    return
+  try:
+    yield f"on cpu {core}"
+  finally:
+    with contextlib.suppress(OSError):
+      os.sched_setaffinity(0, previous)
 
 
 def warm_up(fn: Callable[[], Any], max_calls: int = 10_000) -> int:

@@ -14,14 +14,17 @@ In order:
    - correctness: per trial seed it regenerates the inputs itself, runs the reference on them,
      reads the candidate's outputs and inputs-after-the-call as bytes (run/wire.py) and compares
      them (compare.py; mutation: the candidate's inputs after its call against the reference's);
-   - probes: caching (two calls on the same tensors with new values, both compared here),
-     aftermath and kernel profile (the candidate's process reports those);
+   - probes: caching (two calls on the same tensors with new values, both compared here) and
+     aftermath (the candidate's process reports that);
    - timing (run/timing.py): in batches of calls, a batch of the reference here, then a batch of the
      candidate there (never both at once; who goes first alternates), every call on fresh input
      values (the same rolls on both sides). After each batch the judge decides, by a secret
      random draw, which of the candidate's outputs to read back and compare with its own for the
      same values (OUTPUT_CACHING; SIDE_STREAM when it was right only later), within a byte
      budget. Batches keep the round trips between the processes to a few per job.
+   - profile: the candidate's own kernels launched and their share of the GPU time (its process
+     reports them), and the partial-replacement policy on that split. Last, so that no profiler
+     session runs before a timed call in either process.
 4. It reports to the worker: trials, timing, its own findings, the reference's ops, and where the
    candidate's side stopped if it did. The worker merges that with the candidate's report and
    both exit statuses (trusted/verdict.py).
@@ -246,11 +249,20 @@ class Judge:
         raise Ended(enums.INCORRECT, "a second call on the same input tensors with new values "
                     "returned a wrong output")
     self.ask({"op": "aftermath", "seed": seed_a})
-    reply, _ = self.ask({"op": "profile", "seed": seed_a})
+
+  def profile(self) -> None:
+    """The candidate's kernels and their share of the GPU time, then the policy on that work
+    split. Decision: after timing, not before. A torch.profiler session with CUDA activity
+    (CUPTI) added 12-84 us to every later call of a launch-bound model in its process (H200,
+    2026-12-01, benchmarks/verifier_timing_env.py), which inflated the candidate's times against
+    the reference's; a first session after timing works inside the sandbox. The cost: a
+    candidate the policy rejects is timed first."""
+    reply, _ = self.ask({"op": "profile", "seed": self.seed + 1})
     evidence = reply.get("evidence") if isinstance(reply.get("evidence"), dict) else {}
     if policy.findings(self.opts.policy, self.opts.min_custom_kernel_fraction, evidence,
                        self.result["reference_ops"]):
-      raise Ended(None, "", "the policy rejects the work split it reported")  # no timing needed
+      self.result.pop("timing", None)  # a rejected candidate has no speedup
+      raise Ended(None, "", "the policy rejects the work split it reported")
 
   # ------------------------------------------------------------------ timing
 
@@ -301,16 +313,17 @@ class Judge:
                                     "match the reference for that call's inputs when the timer "
                                     "stopped"))
 
-  def time_both(self) -> None:
+  def time_both(self, core: int | None) -> None:
     """Timing, in batches of calls: the judge times a batch of the reference, the candidate's
     process a batch of the candidate on the same rolls, then (by a secret draw) some of the
-    candidate's outputs are read back and compared; who goes first alternates per batch."""
+    candidate's outputs are read back and compared; who goes first alternates per batch. The
+    candidate's process is asked to time on `core`, the judge's own (run/timing.py)."""
     self.enter(enums.STAGE_TIMING)
     base = problem.inputs(self.get_inputs, self.seed + 1, self.device, self.dtype)
     rolling, verify = self.timing_checks(base)
     buf = problem.clone_tree(base)
     timer = timing.Timer(self.device)
-    self.ask({"op": "warmup", "seed": self.seed + 1})
+    self.ask({"op": "warmup", "seed": self.seed + 1, "cpu": core})
     timing.warm_up(lambda: self.run_reference(buf))
     trials = self.opts.num_timing_trials
     per_call = max(1, wire.payload_bytes(self.spec))
@@ -408,9 +421,11 @@ def run(job: dict[str, Any], chan: wire.Channel, emit: Callable[[dict[str, Any]]
     judge.correctness()
     judge.probes()
     if not judge.opts.skip_timing:
-      with gpu_lock.held() as state:
-        result["environment"]["timing_lock"] = state
-        judge.time_both()
+      core = timing.timing_core(judge.device)
+      with gpu_lock.held() as state, timing.on_core(core) as where:
+        result["environment"]["timing_lock"] = f"{state}; {where}"
+        judge.time_both(core)
+    judge.profile()
     judge.ask({"op": "finish"})
     result["outcome"] = enums.OK
   except Ended as e:

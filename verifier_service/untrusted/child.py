@@ -10,7 +10,8 @@ can withhold evidence or send wrong bytes; it cannot change the judge's inputs, 
 comparison or reference timing, and a run it cuts short is never OK.
 
 Order:
-1. Trusted setup: CUDA context, GPU memory cap, profiler warm-up, imports. Nothing untrusted yet.
+1. Trusted setup: CUDA context, GPU memory cap, imports (the profiler's included; no profiler
+   session runs before timing). Nothing untrusted yet.
 2. `lock_down()`: the sandbox, then the audit-hook tripwire and the state snapshot. (The
    dispatcher's snapshot was taken by the worker before it forked: untrusted/dispatch.py.)
 3. The reference is executed here too, for `get_inputs`, `get_init_inputs` and Model's initial
@@ -25,11 +26,12 @@ Order:
                  observed call; answer: the outputs and the inputs after the call, as bytes
    repeat A B    call on inputs A, overwrite the same tensors with B's values, call again
    aftermath S   side streams and threads (probes.py)
-   profile S     own kernels launched and their share of the time (GPU: CUPTI; CPU: op times)
-   warmup S      warm-up calls on the inputs of seed S
+   warmup S C    warm-up calls on the inputs of seed S, on the judge's timing CPU core C
    time          a batch of timed calls (run/timing.py), each on the inputs rolled as the judge says
    output        outputs of calls of the last batch, as snapshotted when each timer stopped
                  ("early") or as they are now ("late")
+   profile S     own kernels launched and their share of the time (GPU: CUPTI; CPU: op times);
+                 after timing: a CUPTI session slows every later launch in the process
    finish        the end: final checks, then the report
 Any exception once candidate code has been loaded is the candidate's (it may have broken torch
 under the verifier's feet): RUNTIME_ERROR, never INFRA_ERROR.
@@ -130,7 +132,9 @@ def trusted_setup(device: torch.device, fraction: float) -> dict[str, str]:
     index = device.index if device.index is not None else torch.cuda.current_device()
     torch.cuda.set_per_process_memory_fraction(fraction, index)
   props = torch.cuda.get_device_properties(device)
-  probes.kernel_profile(lambda: torch.ones(8, device=device).add_(1), [])  # loads CUPTI now
+  # The profiler's Python side is imported now; its first session (after timing, sandboxed) then
+  # only starts CUPTI, whose library `import torch` already mapped.
+  importlib.import_module("torch.profiler")
   return {"gpu_name": props.name, "gpu_arch": f"sm_{props.major}{props.minor}"}
 
 
@@ -340,6 +344,10 @@ class CandidateSide:
     return {"evidence": self.evidence, "stop": self.checkpoint()}
 
   def on_warmup(self, header: dict[str, Any]) -> dict[str, Any]:
+    core = header.get("cpu")
+    if isinstance(core, int):  # the judge's timing core (run/timing.py), kept to the end
+      with contextlib.suppress(OSError):
+        os.sched_setaffinity(0, {core})
     self.timer = timing.Timer(self.device)
     self.base = self.inputs(int(header["seed"]))
     self.buf = problem.clone_tree(self.base)
