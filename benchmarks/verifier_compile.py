@@ -17,6 +17,11 @@ Distinct DICE infilling candidates (or one file), cold caches, one variant at a 
   scaffold_warm  all, with main.cpp already cached and only cuda.cu new: a phase-1 rollout of a
                  problem seen before (its C++ scaffold is fixed, only the CUDA middle changes).
   cache_hit      the same candidates again.
+With --burst, the candidates are instead submitted all at once to one compiler pool of --jobs
+processes, as a running server receives a batch (variants `burst`, and `burst_thp`: the same with
+glibc's malloc backed by transparent huge pages in the compilers, GLIBC_TUNABLES
+glibc.malloc.hugetlb=1; nvcc's front ends fault in ~1 GB each). Each candidate's tiers and wall
+time are printed, so fallbacks to heavier headers show.
 Shared artefacts (header-tier environments, precompiled headers) are built once per toolchain and
 flag set and reused by every variant, as a running server does; their cost is printed as
 shared_build rows. Wall seconds and CPU seconds (children's user+sys) are printed per variant and
@@ -25,6 +30,7 @@ on a shared machine, and the one that bounds throughput (cores x 3600 / CPU s pe
 
   python benchmarks/verifier_compile.py --data ../shared/data/dice/kernel_infilling_evaluation.json
   python benchmarks/verifier_compile.py --count 4 --skip-naive --variants before,all
+  python benchmarks/verifier_compile.py --count 32 --skip-naive --burst --jobs 16
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ import sys
 import tempfile
 import textwrap
 import time
+from typing import Callable
 
 from verifier_service.compile import checks
 from verifier_service.compile import compiler as compile_lib
@@ -92,22 +99,73 @@ async def ours(compiler: compile_lib.Compiler, exts: list) -> tuple[float, float
   return time.monotonic() - t0, _cpu_children() - cpu0, ok, "; ".join(sorted(notes))
 
 
-def _candidates(args: argparse.Namespace) -> list[str]:
+async def burst(compiler: compile_lib.Compiler, exts: list, ids: list[str]
+                ) -> tuple[float, float, bool, str]:
+  """Builds `exts` all at once; total wall and CPU seconds, all ok, the tiers used (counted)."""
+  cpu0, t0 = _cpu_children(), time.monotonic()
+  results = await asyncio.gather(*(compiler.build(ext, timeout_s=3600) for ext in exts))
+  tiers: dict[str, int] = {}
+  for ident, result in zip(ids, results):
+    tier = f"cuda={result.header_tier or '-'} main={result.main_tier or '-'}"
+    tiers[tier] = tiers.get(tier, 0) + 1
+    notes = {**result.tier_notes, **result.main_notes}
+    print(f"  {ident:>6s} {result.duration_s:6.1f} s  ok={result.ok}  {tier}"
+          + (f"  {notes}" if notes else ""), flush=True)
+  return (time.monotonic() - t0, _cpu_children() - cpu0, all(r.ok for r in results),
+          "; ".join(f"{k}: {v}" for k, v in sorted(tiers.items())))
+
+
+def _changed(exts: list, tag: str, cuda_only: bool = False) -> list:
+  """The extensions with a comment appended to their sources: new objects, same meaning."""
+  mark = lambda sources: tuple(f"{text}\n// {tag}\n" for text in sources)
+  return [dataclasses.replace(ext, cuda_sources=mark(ext.cuda_sources), **(
+      {} if cuda_only else {"cpp_sources": mark(ext.cpp_sources)})) for ext in exts]
+
+
+async def _bursts(args: argparse.Namespace, toolchain: toolchain_lib.Toolchain, root: pathlib.Path,
+                  exts: list, ids: list[str], report: Callable[..., None]) -> None:
+  """The --burst rows: cold, then steady (sources changed, every shared header built), then
+  steady again with the compilers' malloc on transparent huge pages."""
+  cache = root / "burst"
+  cache.mkdir()
+  for sub in ("pch", "headers"):
+    os.symlink(root / "shared" / sub, cache / sub)
+  rows = (("burst", exts, None), ("burst_steady", _changed(exts, "steady"), None),
+          ("burst_thp", _changed(exts, "thp"), "glibc.malloc.hugetlb=1"))
+  for name, batch, tunables in rows:
+    saved = dict(os.environ)
+    if tunables:
+      os.environ["GLIBC_TUNABLES"] = tunables  # read by build_env() when the pool starts
+    try:
+      compiler = compile_lib.Compiler(toolchain, cache, max_jobs=args.jobs)
+    finally:
+      os.environ.clear()
+      os.environ.update(saved)
+    try:
+      print(f"{name}: {len(batch)} candidates at once, {args.jobs} compiler processes", flush=True)
+      report(name, *await burst(compiler, batch, ids), n=len(batch))
+      await compiler.settle()
+    finally:
+      await compiler.close()
+
+
+def _candidates(args: argparse.Namespace) -> list[tuple[str, str]]:
+  """(id, candidate source) pairs."""
   if args.candidate:
-    return [pathlib.Path(args.candidate).read_text()]
+    return [("file", pathlib.Path(args.candidate).read_text())]
   items = json.loads(pathlib.Path(args.data).read_text())
   if args.item_id:
     items = [i for i in items if str(i["id"]) == args.item_id]
   skip = set(args.skip_ids.split(","))
   items = [i for i in items if str(i["id"]) not in skip]
-  usable = [i["cuda_code"] for i in items
+  usable = [(str(i["id"]), i["cuda_code"]) for i in items
             if checks.check_sources(i["pytorch_code"], i["cuda_code"]).outcome is None]
   return usable[:args.count]
 
 
 async def run(args: argparse.Namespace) -> list[dict]:
   toolchain = toolchain_lib.discover()
-  candidates = _candidates(args)
+  ids, candidates = zip(*_candidates(args))
   exts = [checks.check_candidate(c).extensions[0] for c in candidates]
   count = len(exts)
   rows = []
@@ -125,7 +183,8 @@ async def run(args: argparse.Namespace) -> list[dict]:
     report("naive", sum(r[0] for r in results), sum(r[1] for r in results),
            all(r[2] for r in results), n=count)
   root = pathlib.Path(tempfile.mkdtemp(prefix="dice-compile-bench-"))
-  for label, options in (("shared_build", {}), ("shared_build_h", dict(main_tiers=False))):
+  shared_builds = (("shared_build", {}), ("shared_build_h", dict(main_tiers=False)))
+  for label, options in shared_builds[:1] if args.burst else shared_builds:
     shared = compile_lib.Compiler(toolchain, root / "shared", max_jobs=args.jobs, **options)
     cpu0, t0 = _cpu_children(), time.monotonic()
     try:
@@ -134,7 +193,9 @@ async def run(args: argparse.Namespace) -> list[dict]:
       await shared.close()
     report(label, time.monotonic() - t0, _cpu_children() - cpu0, ok,
            "tiers + lite main.cpp header" if not options else "torch/extension.h header")
-  for name, options in VARIANTS.items():
+  if args.burst:
+    await _bursts(args, toolchain, root, exts, list(ids), report)
+  for name, options in VARIANTS.items() if not args.burst else ():
     if args.variants and name not in args.variants.split(","):
       continue
     cache = root / name
@@ -146,12 +207,8 @@ async def run(args: argparse.Namespace) -> list[dict]:
       report(name, *await ours(compiler, exts), n=count)
       if name == "all":
         await compiler.settle()  # the background header of nvcc's last step
-        steady = [dataclasses.replace(ext, cpp_sources=tuple(s + "\n// steady\n" for s in (
-            ext.cpp_sources)), cuda_sources=tuple(s + "\n// steady\n" for s in ext.cuda_sources))
-                  for ext in exts]
-        report("steady", *await ours(compiler, steady), n=count)
-        changed = [dataclasses.replace(ext, cuda_sources=tuple(
-            s + "\n// another rollout\n" for s in ext.cuda_sources)) for ext in exts]
+        report("steady", *await ours(compiler, _changed(exts, "steady")), n=count)
+        changed = _changed(exts, "another rollout", cuda_only=True)
         report("scaffold_warm", *await ours(compiler, changed), n=count)
         report("cache_hit", *await ours(compiler, exts), n=count)
     finally:
@@ -162,9 +219,15 @@ async def run(args: argparse.Namespace) -> list[dict]:
       a, b = by_name[base], by_name[fast]
       print(f"{base} / {fast}: wall {a['wall_s'] / max(b['wall_s'], 0.1):.2f}x   "
             f"cpu {a['cpu_s'] / max(b['cpu_s'], 0.1):.2f}x", flush=True)
-  if "steady" in by_name:
-    cpu = by_name["steady"]["per_candidate_cpu_s"]
-    print(f"steady: {cpu:.1f} CPU s per candidate: compile-bound at {3600 / cpu:.0f} candidates "
+  if "burst_steady" in by_name and "burst_thp" in by_name:
+    a, b = by_name["burst_steady"], by_name["burst_thp"]
+    print(f"burst_steady / burst_thp: wall {a['wall_s'] / max(b['wall_s'], 0.1):.2f}x   "
+          f"cpu {a['cpu_s'] / max(b['cpu_s'], 0.1):.2f}x", flush=True)
+  for name in ("steady", "burst_steady"):
+    if name not in by_name:
+      continue
+    cpu = by_name[name]["per_candidate_cpu_s"]
+    print(f"{name}: {cpu:.1f} CPU s per candidate: compile-bound at {3600 / cpu:.0f} candidates "
           f"per hour per core ({16 * 3600 / cpu:.0f}/h on 16 such cores)", flush=True)
   return rows
 
@@ -188,6 +251,9 @@ def main() -> None:
   parser.add_argument("--variants", default="",
                       help="comma-separated subset of " + ",".join(VARIANTS) +
                            " (default: every one)")
+  parser.add_argument("--burst", action="store_true",
+                      help="submit the candidates all at once instead (variants burst, "
+                           "burst_steady, burst_thp)")
   parser.add_argument("--json", default="", help="also write the rows to this JSON file")
   args = parser.parse_args()
   rows = asyncio.run(run(args))

@@ -21,8 +21,14 @@ differ in one respect each, so the ratio to `plain` names the cause:
   seccomp               the verifier's seccomp filter alone (sandbox._seccomp)
   sandboxed             every sandbox layer (sandbox.lock_down), as the judge times the reference
   candidate_like        sandboxed + profiled + the armed audit hook (guards.Tripwire)
+  tripwire              plain + the armed audit hook alone
+  pinned                plain, the process bound to one CPU core (the last) before CUDA starts
+
+With --conditions and --repeat the chosen conditions run in turn, that many rounds (process-to-
+process spread: each process is compared with the median over every `plain` process).
 
   python benchmarks/verifier_timing_env.py DICE_JSON [--pairs 12] [--trials 100]   # GPU, ~2 min
+  python benchmarks/verifier_timing_env.py DICE_JSON --conditions plain,pinned,tripwire --repeat 3
 """
 
 from __future__ import annotations
@@ -36,7 +42,8 @@ import sys
 import tempfile
 
 CONDITIONS = ("plain", "profiled", "profiled_teardown", "seccomp", "sandboxed", "candidate_like",
-              "rolled", "forked", "profile_after_sandboxed", "plain_again")
+              "rolled", "forked", "profile_after_sandboxed", "plain_again", "tripwire", "pinned")
+DEFAULT_RUN = CONDITIONS[:10]
 
 
 def child(condition: str, data: str, count: int, trials: int) -> dict[str, object]:
@@ -63,6 +70,8 @@ def child(condition: str, data: str, count: int, trials: int) -> dict[str, objec
 def _measure(condition: str, data: str, count: int, trials: int) -> dict[str, object]:
   """The references built, the condition applied, each timed (`child` describes the result)."""
   from verifier_service.run import sandbox  # pylint: disable=import-outside-toplevel
+  if condition == "pinned":
+    os.sched_setaffinity(0, {max(os.sched_getaffinity(0))})
   sandboxed = condition in ("sandboxed", "candidate_like", "profile_after_sandboxed")
   job_dir = tempfile.mkdtemp(prefix="timing-env-")
   netns = sandbox.enter_namespaces() if sandboxed else ""
@@ -89,7 +98,7 @@ def _measure(condition: str, data: str, count: int, trials: int) -> dict[str, ob
     cuda_root = os.environ.get("CUDA_HOME", "/usr/local/cuda")
     sandbox.lock_down(sandbox.Policy(job_dir=job_dir, read_only=sandbox.default_read_only(
         [cuda_root]), memory_bytes=32 << 30), netns, None)
-  if condition == "candidate_like":
+  if condition in ("candidate_like", "tripwire"):
     wire = guards.Tripwire({problem.CANDIDATE_FILE}, job_dir, sandbox.default_read_only([]))
     wire.install()
     wire.armed = True
@@ -124,13 +133,20 @@ def main() -> None:
   parser.add_argument("--pairs", type=int, default=12)
   parser.add_argument("--trials", type=int, default=100)
   parser.add_argument("--child", choices=CONDITIONS, help=argparse.SUPPRESS)
+  parser.add_argument("--conditions", default=",".join(DEFAULT_RUN),
+                      help="conditions to run, in this order (default: %(default)s)")
+  parser.add_argument("--repeat", type=int, default=1, help="rounds of --conditions")
   parser.add_argument("--out", default="")
   args = parser.parse_args()
   if args.child:
     print("RESULT " + json.dumps(child(args.child, args.data, args.pairs, args.trials)), flush=True)
     return
+  chosen = args.conditions.split(",")
+  if "plain" not in chosen or not set(chosen) <= set(CONDITIONS):
+    sys.exit(f"--conditions must include plain and name only {', '.join(CONDITIONS)}")
   results = {}
-  for condition in CONDITIONS:
+  for condition, round_ in [(c, r) for r in range(args.repeat) for c in chosen]:
+    label = condition if args.repeat == 1 else f"{condition}#{round_ + 1}"
     env = {k: v for k, v in os.environ.items() if k != "TEARDOWN_CUPTI"}  # as the verifier runs
     if condition == "profiled_teardown":
       env["TEARDOWN_CUPTI"] = "1"
@@ -139,13 +155,15 @@ def main() -> None:
                           capture_output=True, text=True, env=env, timeout=300, check=False)
     lines = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
     if not lines:
-      print(f"{condition}: failed (exit {proc.returncode}): {proc.stderr[-1500:]}", flush=True)
+      print(f"{label}: failed (exit {proc.returncode}): {proc.stderr[-1500:]}", flush=True)
       continue
-    results[condition] = json.loads(lines[-1][len("RESULT "):])
+    results[label] = json.loads(lines[-1][len("RESULT "):])
   notes = {c: r.pop("_note", "") for c, r in results.items()}
-  base = results.get("plain")
-  if not base:
+  plains = [r for c, r in results.items() if c.split("#")[0] == "plain"]
+  if not plains:
     sys.exit("the plain condition failed; nothing to compare")
+  base = {i: [statistics.median(r[i][k] for r in plains if i in r) for k in (0, 1)]
+          for i in plains[0]}
   print(f"{'condition':22} {'warm x plain':>12} {'cold x plain':>12} {'warm +us':>9} {'cold +us':>9}"
         f"   (medians over {len(base)} DICE references; plain warm median "
         f"{statistics.median(v[0] for v in base.values()):.1f} us)")
