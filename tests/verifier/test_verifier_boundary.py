@@ -24,6 +24,7 @@ import torch
 
 from dice.verifier.v1 import verifier_pb2 as pb
 
+from verifier_service.compile import checks
 from verifier_service.run import ops
 from verifier_service.run import policy
 from verifier_service.run import wire
@@ -249,7 +250,7 @@ def test_dispatcher_tripwire_names_registrations_for_torch_ops_only():
 
 def _imports(path: pathlib.Path) -> set[str]:
   names = set()
-  for node in ast.walk(ast.parse(path.read_text())):
+  for node in ast.walk(checks.parse_python(path.read_text(), str(path))):
     if isinstance(node, ast.ImportFrom) and node.module:
       names.add(node.module)
       names.update(f"{node.module}.{a.name}" for a in node.names)

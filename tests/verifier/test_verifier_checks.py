@@ -3,6 +3,10 @@ fault."""
 
 from __future__ import annotations
 
+import ast
+import gc
+import threading
+
 import pytest
 
 from verifier_service.compile import checks
@@ -96,3 +100,50 @@ def test_a_candidates_own_operator_library_is_not_an_override():
   assert checks.check_sources(kernels.REFERENCE, own).outcome is None
   python_own = _GOOD + "\nlib = torch.library.Library('dice_ops', 'DEF')\n"
   assert checks.check_sources(kernels.REFERENCE, python_own).outcome is None
+
+
+def test_python_is_parsed_one_at_a_time_with_the_collector_paused():
+  """checks.parse_python (python/cpython#106905): a parse waits for one in progress, no garbage
+  collection runs during it, and the collector's state and errors come back unchanged."""
+  out = []
+  with checks._PARSE_LOCK:  # pylint: disable=protected-access  (a parse is in progress)
+    worker = threading.Thread(target=lambda: out.append(checks.parse_python("x = 1")))
+    worker.start()
+    worker.join(0.5)
+    assert worker.is_alive() and not out
+  worker.join(10)
+  assert len(out) == 1 and isinstance(out[0], ast.Module)
+
+  # A collection that starts while the parse lock is held started during a parse.
+  during = []
+
+  def record(phase: str, info: dict) -> None:
+    del info
+    if phase == "start":
+      during.append(checks._PARSE_LOCK.locked())  # pylint: disable=protected-access
+
+  source = "\n".join(f"def f{i}(a, b):\n  return [a * k + b for k in range({i})]"
+                     for i in range(400))
+  threshold = gc.get_threshold()
+  gc.callbacks.append(record)
+  gc.set_threshold(1)
+  try:
+    checks.parse_python(source)
+    paused = any(during)
+    with checks._PARSE_LOCK:  # pylint: disable=protected-access
+      ast.parse(source)  # the same parse unpaused: collections do start (the test can fail)
+    unpaused = any(during)
+  finally:
+    gc.set_threshold(*threshold)
+    gc.callbacks.remove(record)
+  assert not paused and unpaused
+  assert gc.isenabled()
+  gc.disable()
+  try:
+    checks.parse_python("y = 2")
+    assert not gc.isenabled()
+  finally:
+    gc.enable()
+  with pytest.raises(SyntaxError):
+    checks.parse_python("def (")
+  assert gc.isenabled()

@@ -20,6 +20,7 @@ import sys
 import pytest
 
 import verifier_service
+from verifier_service.compile import checks
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 PROTO = "dice.verifier.v1.verifier_pb2"
@@ -97,7 +98,7 @@ class _Reads(ast.NodeVisitor):
 
 def _scan(path: pathlib.Path) -> _Reads:
   reads = _Reads(path)
-  reads.visit(ast.parse(path.read_text(), filename=str(path)))
+  reads.visit(checks.parse_python(path.read_text(), str(path)))
   return reads
 
 
@@ -149,7 +150,7 @@ def _enum_literals(path: pathlib.Path) -> list[tuple[int, str]]:
   """String constants in `path` that spell a proto enum value name (docstrings aside)."""
   names = {n for e in ("Outcome", "Stage", "Exploit", "Precision", "Policy")
            for n in getattr(importlib.import_module(PROTO), e).keys()}
-  tree = ast.parse(path.read_text())
+  tree = checks.parse_python(path.read_text(), str(path))
   docstrings = {id(node.body[0].value) for node in ast.walk(tree)
                 if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef,
                                      ast.AsyncFunctionDef)) and node.body and isinstance(node.body[0], ast.Expr)}

@@ -18,10 +18,14 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import gc
 import re
+import threading
 
 from verifier_service import enums
 from verifier_service.compile import sources
+
+_PARSE_LOCK = threading.Lock()  # parse_python
 
 
 @dataclasses.dataclass
@@ -58,9 +62,26 @@ def _module_names(tree: ast.Module) -> dict[str, ast.AST]:
   return names
 
 
+def parse_python(source: str, filename: str = "<unknown>") -> ast.Module:
+  """`ast.parse`, one at a time in this process and with the garbage collector paused. CPython
+  3.11's AST constructor keeps one depth counter per interpreter: a parse in another thread, or
+  one run by a finalizer during a collection, shifts it under a parse in progress, which then
+  fails with "SystemError: AST constructor recursion depth mismatch" (python/cpython#106905).
+  Seen once in CI (2026-12-01, in a layout test's parse); which of the two it was there is not
+  known, so both are excluded."""
+  with _PARSE_LOCK:
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+      return ast.parse(source, filename=filename)
+    finally:
+      if enabled:
+        gc.enable()
+
+
 def _parse(source: str, what: str) -> tuple[ast.Module | None, str]:
   try:
-    return ast.parse(source, filename=what), ""
+    return parse_python(source, what), ""
   except SyntaxError as e:
     return None, f"{what} is not valid Python: line {e.lineno}: {e.msg}"
   except ValueError as e:  # e.g. NUL bytes
