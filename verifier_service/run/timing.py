@@ -29,7 +29,7 @@ stage. A judge waits at most `LOCK_WAIT_S`; past that it times anyway and says s
 environment (`timing_lock`), so a slow neighbour can never turn into a timeout of this job.
 Both sides time on one CPU core (`timing_core`, per GPU; `on_core` binds the timing thread): a
 small kernel's time is mostly its host-side launch, and on the H200 box that cost drifted by up
-to 40% over seconds within one process, so two processes timed on whatever cores the scheduler
+to 45% over seconds within one process, so two processes timed on whatever cores the scheduler
 gave them could differ by that much for no reason of their own. The two sides never time at once
 (they alternate), so sharing the core costs nothing; at one slot per GPU the verdicts' speedups
 moved from 0.84 to 0.90 of KernelBench's (median of 20 DICE pairs) and the worst pair's gap
@@ -38,7 +38,7 @@ halved. The verdict's `timing_lock` says where it ran ("held; on cpu 15").
 Measured on an H200 (2026-12-01, RELIABILITY.md "Timing method"): the verdicts' times are above
 what this timer gives in a plain process at 1 slot as at 4, so concurrency is not what separates
 them; a torch.profiler session run earlier in the same process (it was the candidate's kernel-share
-probe, which now runs after timing) added 12-84 us to every later call of a launch-bound model.
+probe, which now runs after timing) added 22-83 us to every later call of a launch-bound model.
 
 The timer's functions are bound when this module is imported (before any candidate code runs),
 and the candidate process's StateGuard refuses candidates that replace them afterwards. On the

@@ -253,7 +253,7 @@ class Judge:
   def profile(self) -> None:
     """The candidate's kernels and their share of the GPU time, then the policy on that work
     split. Decision: after timing, not before. A torch.profiler session with CUDA activity
-    (CUPTI) added 12-84 us to every later call of a launch-bound model in its process (H200,
+    (CUPTI) added 22-83 us to every later call of a launch-bound model in its process (H200,
     2026-12-01, benchmarks/verifier_timing_env.py), which inflated the candidate's times against
     the reference's; a first session after timing works inside the sandbox. The cost: a
     candidate the policy rejects is timed first."""
