@@ -18,10 +18,11 @@ Distinct DICE infilling candidates (or one file), cold caches, one variant at a 
                  problem seen before (its C++ scaffold is fixed, only the CUDA middle changes).
   cache_hit      the same candidates again.
 With --burst, the candidates are instead submitted all at once to one compiler pool of --jobs
-processes, as a running server receives a batch (variants `burst`, and `burst_thp`: the same with
-glibc's malloc backed by transparent huge pages in the compilers, GLIBC_TUNABLES
-glibc.malloc.hugetlb=1; nvcc's front ends fault in ~1 GB each). Each candidate's tiers and wall
-time are printed, so fallbacks to heavier headers show.
+processes, as a running server receives a batch: `burst` (cold) and `burst_steady` with each
+cuda.cu compiled alone, then `burst_batched`, where cuda.cu sources compiled at the same time share
+translation units (compile/batch.py; its per-group preprocessing and header object included);
+the ratio burst_steady / burst_batched is printed. Each candidate's tiers, batch and wall time are
+printed, so fallbacks to heavier headers and candidates built alone show.
 Shared artefacts (header-tier environments, precompiled headers) are built once per toolchain and
 flag set and reused by every variant, as a running server does; their cost is printed as
 shared_build rows. Wall seconds and CPU seconds (children's user+sys) are printed per variant and
@@ -108,6 +109,11 @@ async def burst(compiler: compile_lib.Compiler, exts: list, ids: list[str]
   for ident, result in zip(ids, results):
     tier = f"cuda={result.header_tier or '-'} main={result.main_tier or '-'}"
     tiers[tier] = tiers.get(tier, 0) + 1
+    if result.batch_size:
+      tier += f" batch={result.batch_size}"
+    elif result.batch_note:
+      notes_batch = result.batch_note[:80]
+      tier += f" alone ({notes_batch})"
     notes = {**result.tier_notes, **result.main_notes}
     print(f"  {ident:>6s} {result.duration_s:6.1f} s  ok={result.ok}  {tier}"
           + (f"  {notes}" if notes else ""), flush=True)
@@ -124,26 +130,23 @@ def _changed(exts: list, tag: str, cuda_only: bool = False) -> list:
 
 async def _bursts(args: argparse.Namespace, toolchain: toolchain_lib.Toolchain, root: pathlib.Path,
                   exts: list, ids: list[str], report: Callable[..., None]) -> None:
-  """The --burst rows: cold, then steady (sources changed, every shared header built), then
-  steady again with the compilers' malloc on transparent huge pages."""
+  """The --burst rows: cold with every cuda.cu alone, then steady (sources changed, every
+  shared header built) alone, then steady with batching (compile/batch.py: cuda.cu sources
+  compiled at once share translation units; its one-off per-group work included)."""
   cache = root / "burst"
   cache.mkdir()
   for sub in ("pch", "headers"):
     os.symlink(root / "shared" / sub, cache / sub)
-  rows = (("burst", exts, None), ("burst_steady", _changed(exts, "steady"), None),
-          ("burst_thp", _changed(exts, "thp"), "glibc.malloc.hugetlb=1"))
-  for name, batch, tunables in rows:
-    saved = dict(os.environ)
-    if tunables:
-      os.environ["GLIBC_TUNABLES"] = tunables  # read by build_env() when the pool starts
+  rows = (("burst", exts, 1), ("burst_steady", _changed(exts, "steady"), 1),
+          ("burst_batched", _changed(exts, "batched"), args.batch_members))
+  for name, batch, members in rows:
+    compiler = compile_lib.Compiler(toolchain, cache, max_jobs=args.jobs, batch_members=members)
     try:
-      compiler = compile_lib.Compiler(toolchain, cache, max_jobs=args.jobs)
-    finally:
-      os.environ.clear()
-      os.environ.update(saved)
-    try:
-      print(f"{name}: {len(batch)} candidates at once, {args.jobs} compiler processes", flush=True)
+      print(f"{name}: {len(batch)} candidates at once, {args.jobs} compiler processes, "
+            f"batches of up to {members}", flush=True)
       report(name, *await burst(compiler, batch, ids), n=len(batch))
+      if members > 1:
+        print(f"  batching: {compiler.batch_stats()}", flush=True)
       await compiler.settle()
     finally:
       await compiler.close()
@@ -219,11 +222,11 @@ async def run(args: argparse.Namespace) -> list[dict]:
       a, b = by_name[base], by_name[fast]
       print(f"{base} / {fast}: wall {a['wall_s'] / max(b['wall_s'], 0.1):.2f}x   "
             f"cpu {a['cpu_s'] / max(b['cpu_s'], 0.1):.2f}x", flush=True)
-  if "burst_steady" in by_name and "burst_thp" in by_name:
-    a, b = by_name["burst_steady"], by_name["burst_thp"]
-    print(f"burst_steady / burst_thp: wall {a['wall_s'] / max(b['wall_s'], 0.1):.2f}x   "
+  if "burst_steady" in by_name and "burst_batched" in by_name:
+    a, b = by_name["burst_steady"], by_name["burst_batched"]
+    print(f"burst_steady / burst_batched: wall {a['wall_s'] / max(b['wall_s'], 0.1):.2f}x   "
           f"cpu {a['cpu_s'] / max(b['cpu_s'], 0.1):.2f}x", flush=True)
-  for name in ("steady", "burst_steady"):
+  for name in ("steady", "burst_steady", "burst_batched"):
     if name not in by_name:
       continue
     cpu = by_name[name]["per_candidate_cpu_s"]
@@ -253,7 +256,10 @@ def main() -> None:
                            " (default: every one)")
   parser.add_argument("--burst", action="store_true",
                       help="submit the candidates all at once instead (variants burst, "
-                           "burst_steady, burst_thp)")
+                           "burst_steady, burst_batched)")
+  parser.add_argument("--batch-members", type=int, default=16,
+                      help="the most cuda.cu sources one translation unit holds in the "
+                           "burst_batched row (default %(default)s)")
   parser.add_argument("--json", default="", help="also write the rows to this JSON file")
   args = parser.parse_args()
   rows = asyncio.run(run(args))

@@ -202,15 +202,18 @@ async def run_service(items: list[dict], latency_items: list[dict], args: argpar
     for item in latency_items:
       verdict, seconds = await one(item, "latency", time.monotonic())
       latencies.append(seconds)
+      stages = ", ".join(f"{pb.Stage.Name(t.stage).removeprefix('STAGE_').lower()} "
+                         f"{t.duration_s:.2f}" for t in verdict.stage_timings)
       print(f"  cold, one at a time: {item['id']}: {seconds:.1f} s "
-            f"{pb.Outcome.Name(verdict.outcome)} (compile {_stage(verdict, pb.STAGE_COMPILE):.1f}"
-            " s)", flush=True)
+            f"{pb.Outcome.Name(verdict.outcome)} (stages, s: {stages})", flush=True)
     cpu0, (busy0, total0) = _cpu_children(), _busy_jiffies()
     start = time.monotonic()
     results = await asyncio.gather(*(one(item, "throughput", start) for item in items))
     wall = time.monotonic() - start
     compile_cpu = _cpu_children() - cpu0
     busy1, total1 = _busy_jiffies()
+    batching = scheduler.compiler.batch_stats()
+    print(f"  cuda.cu batching during the burst and before: {batching}", flush=True)
   finally:
     await channel.close()
     await server.stop(grace=1)
@@ -223,6 +226,7 @@ async def run_service(items: list[dict], latency_items: list[dict], args: argpar
           "startup": startup, "compile_s": [_stage(v, pb.STAGE_COMPILE) for v in verdicts],
           "queue_s": [_stage(v, pb.STAGE_QUEUE) for v in verdicts],
           "run_s": [_stage(v, *run_stages) for v in verdicts], "compile_cpu_s": compile_cpu,
+          "batching": batching,
           "machine_busy": (busy1 - busy0) / max(1, total1 - total0)}
 
 
@@ -247,7 +251,8 @@ def _service_report(items: list[dict], service: dict) -> dict:
        "compile_bound_verdicts_per_hour": _rate(1, per_verdict_cpu / cores),
        "machine_cpu_busy": service["machine_busy"], "cores": cores,
        "startup_s": service["startup"], "wall_s": service["wall"],
-       "outcomes": service["outcomes"], "messages": service["messages"]}
+       "outcomes": service["outcomes"], "messages": service["messages"],
+       "batching": service["batching"]}
   counts = {}
   for outcome in s["outcomes"].values():
     counts[outcome] = counts.get(outcome, 0) + 1
@@ -264,6 +269,7 @@ def _service_report(items: list[dict], service: dict) -> dict:
         f"{s['compile_bound_verdicts_per_hour']:.0f}/hour on {cores} cores); machine CPU "
         f"{100 * s['machine_cpu_busy']:.0f}% busy during the burst")
   print(f"outcomes: {counts}")
+  print(f"cuda.cu batching (compile/batch.py): {s['batching']}")
   met = lambda ok: "met" if ok else "NOT met"
   print(f"targets: >= 3,000 verdicts/hour: {met(s['verdicts_per_hour'] >= 3000)} "
         f"({met(s['verdicts_per_hour_with_startup'] >= 3000)} counting start-up); median cold "

@@ -34,10 +34,12 @@ import json
 import logging
 import os
 import pathlib
+import subprocess
 import time
 from typing import Callable
 
 from verifier_service import singleflight
+from verifier_service.compile import batch as batch_lib
 from verifier_service.compile import buildspec
 from verifier_service.compile import cache as compile_cache
 from verifier_service.compile import header_tiers
@@ -79,6 +81,8 @@ class BuildResult:
   pch_used: bool = False  # main.cpp was compiled with a precompiled header
   timed_out: bool = False
   duration_s: float = 0.0
+  batch_size: int = 0  # cuda.cu was compiled in a batch of this many candidates (batch.py)
+  batch_note: str = ""  # why it was not, when other builds were in flight
 
 
 def _lighter(tier: str) -> bool:
@@ -103,7 +107,7 @@ class Compiler:
                max_jobs: int, max_log_bytes: int = 64 << 10, use_pch: bool = True,
                light_headers: bool = True, split_nvcc: bool = True,
                cache_max_bytes: int = compile_cache.DEFAULT_MAX_BYTES, nice: int = 10,
-               main_tiers: bool = True):
+               main_tiers: bool = True, batch_members: int = batch_lib.MAX_MEMBERS):
     self.toolchain = toolchain
     self.cache_dir = pathlib.Path(cache_dir)
     self.max_jobs = max_jobs
@@ -130,6 +134,10 @@ class Compiler:
                                         self._objects.publish)
     self._flags: dict[tuple, buildspec.BuildFlags] = {}
     self._builds: singleflight.SingleFlight[BuildResult] = singleflight.SingleFlight()
+    self._building = 0  # builds in flight: a lone one never waits for a batch
+    self._batcher = batch_lib.Batcher(
+        self._objects.compile, lambda argv, cwd: self._runner.run(argv, cwd),
+        self.cache_dir / "tmp", batch_members) if (self.tiers and batch_members > 1) else None
     self._arrivals = itertools.count(1)
     lite = (pathlib.Path(header_tiers.__file__).parent / "torch_lite.h").read_text()
     self._policy = objects_lib.digest("policy", header_tiers.VERSION, lite, self.tiers, self.main_tiers,
@@ -207,6 +215,10 @@ class Compiler:
     entries = sum(1 for _ in (self.cache_dir / "builds").glob("*.json"))
     return {"entries": entries, "hits": self.hits, "misses": self.misses, "size_bytes": size}
 
+  def batch_stats(self) -> dict[str, int]:
+    """Batched cuda.cu compiles (batch.py): batches, members in them, members built alone."""
+    return dict(self._batcher.stats) if self._batcher else {}
+
   async def warm_up(self) -> str | None:
     """Prepares what the first request would otherwise wait for: the header tiers and main.cpp's
     precompiled header (the lite one; torch/extension.h's without tiers). Returns that header's
@@ -277,6 +289,13 @@ class Compiler:
       log.exception("progress callback failed")
 
   async def _build(self, ext: sources.InlineExtension, key: str) -> BuildResult:
+    self._building += 1
+    try:
+      return await self._build_counted(ext, key)
+    finally:
+      self._building -= 1
+
+  async def _build_counted(self, ext: sources.InlineExtension, key: str) -> BuildResult:
     flags = self.flags(ext)
     main_text, cuda_text = buildspec.render_sources(ext)
     start = time.monotonic()
@@ -293,8 +312,22 @@ class Compiler:
       main_obj, main_tier, main_notes, pch_used = tasks[0].result()
       cuda_obj, tier, notes = tasks[1].result() if len(tasks) > 1 else (None, "", {})
       self._report("link", f"linking {ext.name}")
+      batch_size = 0
+      if isinstance(cuda_obj, batch_lib.Batched):
+        so_path, why = await self._link_member(flags, ext, main_obj, cuda_obj)
+        if so_path:
+          batch_size = cuda_obj.size
+        else:
+          notes["batch"] = why
+          try:
+            cuda_obj, tier, more = await self._cuda_object(flags, cuda_text, self.tiers, False)
+          except compile_procs.ProcessFailed as e:
+            return self._failed(key, e.log)
+          notes.update(more)
+      batch_note = notes.pop("batch", "")
       try:
-        so_path = await self._objects.link(flags, ext.name, main_obj, cuda_obj)
+        if not batch_size:
+          so_path = await self._objects.link(flags, ext.name, main_obj, cuda_obj)
       except compile_procs.ProcessFailed as e:
         if not (_lighter(main_tier) or _lighter(tier)):
           return self._failed(key, e.log)
@@ -316,7 +349,7 @@ class Compiler:
     self._report("done", f"compiled {ext.name} in {time.monotonic() - start:.1f} s")
     result = BuildResult(ok=True, so_path=so_path, cache_key=key, pch_used=pch_used,
                          header_tier=tier, tier_notes=notes, main_tier=main_tier,
-                         main_notes=main_notes)
+                         main_notes=main_notes, batch_size=batch_size, batch_note=batch_note)
     self._write_record(key, result)
     return result
 
@@ -354,10 +387,30 @@ class Compiler:
       return obj, tier, notes, used
     raise AssertionError("plan() always ends with the original source")
 
+  async def _link_member(self, flags: buildspec.BuildFlags, ext: sources.InlineExtension,
+                         main_obj: str, member: batch_lib.Batched) -> tuple[str, str]:
+    """A batch member's module: the batch object with main.o, main.o's global names bound to
+    the member's namespace. (path, "") or ("", why not)."""
+    try:
+      bindings = await asyncio.to_thread(batch_lib.defsyms, main_obj, member.path,
+                                         member.namespace)
+    except (OSError, subprocess.CalledProcessError) as e:
+      return "", f"its symbols could not be read: {e}"
+    if not bindings:
+      return "", "main.cpp needs none of its functions"
+    try:
+      return await self._objects.link(flags, ext.name, main_obj, member.path,
+                                      tuple(bindings)), ""
+    except compile_procs.ProcessFailed as e:
+      return "", "linked with its batch, it failed: " + e.log[-200:]
+
   async def _cuda_object(self, flags: buildspec.BuildFlags, cuda_text: str,
-                         tiers: tuple[str, ...]) -> tuple[str, str, dict[str, str]]:
+                         tiers: tuple[str, ...], may_batch: bool = True
+                         ) -> tuple[str | batch_lib.Batched, str, dict[str, str]]:
     """cuda.cu at the lightest tier that compiles: (object, tier, why lighter tiers were not
-    used). Raises ProcessFailed with the original source's log if nothing compiles."""
+    used). Raises ProcessFailed with the original source's log if nothing compiles. While other
+    builds are in flight, a lite source may share one translation unit with theirs (batch.py):
+    then the object is a `batch.Batched`."""
     level = header_tiers.original_level(cuda_text)
     env = await self._envs.ensure(self._nvcc_argv(flags), level) if (tiers and level) else None
     variants, notes = header_tiers.plan(cuda_text, env, tiers)
@@ -371,6 +424,12 @@ class Compiler:
       cmd = list(flags.nvcc) + list(flags.cuda_cflags) + extra + [
           "-c", "{src}", "-o", "{out}"] + list(flags.cuda_post_cflags)
       module_id = None if tier == ORIGINAL else f"_{env.key[:8]}_dice_{env.key[8:24]}"
+      if tier == LITE and may_batch and self._batcher is not None and self._building > 1:
+        shared = [a for a in cmd if not pch_lib.NAME_DEFINE_RE.match(a)]
+        batched, why = await self._batcher.compile(shared, module_id, text)
+        if batched is not None:
+          return batched, tier, notes
+        notes["batch"] = why
       try:
         obj, _ = await self._objects.compile(cmd, text, "cuda.cu", module_id)
         return obj, tier, notes

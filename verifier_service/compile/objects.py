@@ -61,12 +61,14 @@ class Objects:
     self._inflight: singleflight.SingleFlight[str] = singleflight.SingleFlight()
 
   async def compile(self, cmd: list[str], text: str, filename: str,
-                    module_id: str | None = None) -> tuple[str, str]:
+                    module_id: str | None = None,
+                    files: dict[str, str] | None = None) -> tuple[str, str]:
     """One translation unit (`cmd` holds "{src}" and "{out}"): (.o path, compiler output).
     `module_id`: nvcc's for a split compile at a light tier (else one from the source); it also
-    lets the host compile read its shared prefix precompiled. Raises ProcessFailed."""
+    lets the host compile read its shared prefix precompiled. `files`: more files it includes,
+    by relative path (batch.py). Raises ProcessFailed."""
     split = self._split and filename.endswith(".cu")
-    key = digest("obj", self._fingerprint, cmd, text, split, module_id)
+    key = digest("obj", self._fingerprint, cmd, text, split, module_id, files or {})
     final = self.cache_dir / "obj" / key[:2] / key
     obj = final / (filename + ".o")
     if obj.is_file():
@@ -76,14 +78,17 @@ class Objects:
     if failed.is_file():
       raise compile_procs.ProcessFailed(failed.read_text(errors="replace"))
     path = await self._inflight.run(
-        key, lambda: self._compile(cmd, text, filename, final, split, module_id))
+        key, lambda: self._compile(cmd, text, filename, final, split, module_id, files or {}))
     return path, read(final / "compile.log")
 
   async def _compile(self, cmd: list[str], text: str, filename: str, final: pathlib.Path,
-                     split: bool, module_id: str | None) -> str:
+                     split: bool, module_id: str | None, files: dict[str, str]) -> str:
     work = pathlib.Path(tempfile.mkdtemp(prefix="tu-", dir=self.cache_dir / "tmp"))
     try:
       (work / filename).write_text(text, encoding="utf-8")
+      for name, content in files.items():
+        (work / name).parent.mkdir(parents=True, exist_ok=True)
+        (work / name).write_text(content, encoding="utf-8")
       out = work / (filename + ".o")
       argv = [{"{src}": filename, "{out}": out.name}.get(a, a) for a in cmd]
       result = None
@@ -116,10 +121,11 @@ class Objects:
       shutil.rmtree(work, ignore_errors=True)
 
   async def link(self, flags: buildspec.BuildFlags, name: str, main_obj: str,
-                 cuda_obj: str | None) -> str:
-    """The module `name.so` from the objects, with torch's link line. Raises ProcessFailed."""
+                 cuda_obj: str | None, extra: tuple[str, ...] = ()) -> str:
+    """The module `name.so` from the objects, with torch's link line (and `extra` options: a
+    batch member's --defsym bindings). Raises ProcessFailed."""
     objects = [main_obj] + ([cuda_obj] if cuda_obj else [])
-    key = digest("link", self._fingerprint, name, objects, flags.ldflags)
+    key = digest("link", self._fingerprint, name, objects, flags.ldflags, *extra)
     final = self.cache_dir / "so" / key[:2] / key
     so = final / f"{name}.so"
     if so.is_file():
@@ -127,7 +133,8 @@ class Objects:
       return str(so)
     work = pathlib.Path(tempfile.mkdtemp(prefix="so-", dir=self.cache_dir / "tmp"))
     try:
-      argv = list(flags.cxx) + objects + list(flags.ldflags) + ["-o", str(work / so.name)]
+      argv = list(flags.cxx) + objects + list(flags.ldflags) + list(extra) + [
+          "-o", str(work / so.name)]
       rc, output = await self._runner.run(argv, cwd=work)
       if rc != 0:
         raise compile_procs.ProcessFailed(output)

@@ -52,6 +52,9 @@ class ServerConfig:
   verdict_cache_size: int = 10_000
   use_pch: bool = True
   light_headers: bool = True
+  # cuda.cu sources compiling at the same time share one translation unit, this many at most
+  # (compile/batch.py); 0 or 1: each alone.
+  batch_members: int = 16
   cpu_test_mode: bool = False  # development only: run C++-only candidates on CPU workers
   auth_token: str | None = None
   metrics_port: int | None = None

@@ -1,0 +1,235 @@
+"""Batched cuda.cu compiles (verifier_service/compile/batch.py): the rules that keep a source
+alone, the batch file, and real nvcc batches whose members' modules each compute their own
+member's function (the host path, on CPU tensors: no GPU needed)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import pathlib
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from verifier_service.compile import batch
+from verifier_service.compile import checks
+from verifier_service.compile import compiler as compile_lib
+
+import verifier_kernels as kernels
+
+HEAD = "#include <dice_tier_lite.h>\n#include <cuda.h>\n#include <cuda_runtime.h>\n\n"
+
+# scaled_add times FACTOR: on CPU tensors it never launches its kernel, so a module built here can
+# be called here, and its answer says which member's code it runs.
+SCALED = r'''
+#include <torch/extension.h>
+
+__global__ void scaled_add_kernel(const float* a, const float* b, float* out, float s, int n) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) out[i] = (a[i] + b[i]) * s;
+}
+EXTRA
+torch::Tensor scaled_add(torch::Tensor a, torch::Tensor b, double s) {
+  if (!a.is_cuda()) return a.add(b).mul(s * FACTOR);
+  auto out = torch::empty_like(a);
+  int n = a.numel();
+  scaled_add_kernel<<<(n + 255) / 256, 256>>>(
+      a.data_ptr<float>(), b.data_ptr<float>(), out.data_ptr<float>(), (float)s, n);
+  return out;
+}
+'''
+
+
+def _scaled(factor: str, extra: str = "") -> str:
+  return SCALED.replace("FACTOR", factor).replace("EXTRA", extra)
+
+
+def _member(body: str) -> tuple[batch.Member | None, str]:
+  return batch.split_member(HEAD + textwrap.dedent(body))
+
+
+# ----------------------------------------------------------------------------- no compiler
+
+
+def test_a_member_keeps_its_lines_and_lists_its_includes_once():
+  text = HEAD + "#include <cuda.h>\n// note\n#define TILE 16\n#define CHECK(x) \\\n" \
+      "  TORCH_CHECK(x.is_cuda(), #x)\n__global__ void k(float* x) { x[0] = TILE; }\n"
+  member, why = batch.split_member(text)
+  assert member is not None, why
+  assert member.includes == ("#include <dice_tier_lite.h>", "#include <cuda.h>",
+                             "#include <cuda_runtime.h>")
+  assert member.body.count("\n") == text.count("\n")
+  assert "#include" not in member.body and "#define TILE 16" in member.body
+  assert member.macros == ("TILE", "CHECK")
+  assert member.declared == {"k"}  # TORCH_CHECK on the continuation line is not at scope
+
+
+@pytest.mark.parametrize("body, reason", [
+    ('extern "C" __global__ void k(float* x) {}', "linkage"),
+    ("__global__ void k(float* x) { asm volatile(\"trap;\"); }", "asm"),
+    ("__attribute__((constructor)) static void grab() {}", "__attribute__"),
+    ("[[gnu::constructor]] static void grab() {}", "attribute"),
+    ("#pragma GCC optimize(\"O0\")\n__global__ void k() {}", "#pragma"),
+    ("__global__ void k() {}\n#include <vector>\n", "#include"),
+    ("#line 7 \"other.cu\"\n__global__ void k() {}", "#line"),
+    ("template <> struct std::hash<int>;", "specialisation"),
+    ("using std::max;\n__global__ void k() {}", "using-declaration"),
+    ("} int leaked = 1; namespace again {", "did not open"),
+    ("__global__ void k(int* x) { x[0] = __COUNTER__; }", "__COUNTER__"),
+    ("#undef TORCH_CHECK\n__global__ void k() {}", "did not define"),
+    ("struct V { float x; };\nV operator+(V a, V b) { return a; }", "operator"),
+])
+def test_sources_that_could_mean_something_else_in_a_batch_stay_alone(body, reason):
+  member, why = _member(body)
+  assert member is None and reason in why, why
+
+
+def test_names_and_macros_of_the_headers_keep_a_member_alone():
+  names, macros = frozenset({"max", "size_t", "cudaMalloc"}), frozenset({"TORCH_CHECK", "TILE"})
+  ok, _ = _member("__device__ float sigmoid(float x) { return x; }\n"
+                  "__global__ void __launch_bounds__(256) k(float* x) { x[0] = sigmoid(1); }")
+  assert batch.refusal(ok, names, macros) is None
+  cases = {
+      "__device__ float max(float a, float b) { return a; }": "declares max",
+      "#define TILE 32\n__global__ void k() {}": "defines a macro the headers define: TILE",
+      "TORCH_CHECK(true);": "header macro TORCH_CHECK",
+      "#define DECLARE(n) int n;\nDECLARE(hidden)": "its own macro DECLARE",
+      "enum Mode { size_t, other };": "declares size_t",
+  }
+  for body, reason in cases.items():
+    member, why = _member(body)
+    assert member is not None, why
+    assert reason in (batch.refusal(member, names, macros) or ""), body
+
+
+def test_global_names_leave_out_what_lies_in_namespaces():
+  text = textwrap.dedent("""\
+      # 1 "x.h"
+      namespace at { struct Tensor; int hidden(int inner); namespace d { int deeper; } }
+      int visible(int param);
+      extern "C" { void cfunc(void); }
+      namespace alias = at;
+      struct Box { int member; };
+      const char* s = "namespace { int in_string; }";
+  """)
+  names = batch.global_names(text)
+  assert {"visible", "param", "cfunc", "Box", "member", "at", "alias"} <= names
+  assert not {"hidden", "inner", "deeper", "Tensor", "in_string"} & names
+
+
+def test_the_batch_file_wraps_each_member_and_checks_it_came_back():
+  one, _ = _member("#define A 1\n__global__ void k() {}")
+  two, _ = _member("__global__ void k() {}")
+  text, files = batch.batch_files("abc", one.includes, [one, two])
+  assert text.startswith("#include <dice_tier_lite.h>\n")
+  assert 'namespace dice_abc_0 {\n#include "m0/cuda.cu"\n}\n#undef A\n' in text
+  assert "static_assert(sizeof(::dice_abc_1::dice_batch_end_abc*)" in text
+  assert set(files) == {"m0/cuda.cu", "m1/cuda.cu"}
+  assert files["m1/cuda.cu"].endswith("struct dice_batch_end_abc;\n")
+  log = ("m1/cuda.cu(3): error: identifier \"x\" is undefined\n"
+         "In file included from m0/cuda.cu:1:\nm12/cuda.cu:4:2: error: expected ';'\n")
+  assert batch.members_in_errors(log) == {1, 12}
+
+
+# ----------------------------------------------------------------------------- real nvcc
+
+
+def _extension(name: str, source: str):
+  (ext,) = checks.check_candidate(kernels.cuda_candidate(source, name)).extensions
+  return ext
+
+
+def _build_all(toolchain, cache_dir, exts) -> tuple[list[compile_lib.BuildResult], dict]:
+  async def go():
+    compiler = compile_lib.Compiler(toolchain, cache_dir, max_jobs=2)
+    try:
+      results = await asyncio.gather(*(compiler.build(ext, 900) for ext in exts))
+      return results, compiler.batch_stats()
+    finally:
+      await compiler.close()
+  return asyncio.run(go())
+
+
+_CALL = textwrap.dedent("""
+    import importlib.util, json, sys, torch
+    out = []
+    for path in sys.argv[1:]:
+      name = path.rsplit("/", 1)[-1][:-3]
+      spec = importlib.util.spec_from_file_location(name, path)
+      module = importlib.util.module_from_spec(spec)
+      spec.loader.exec_module(module)
+      a, b = torch.ones(3), torch.ones(3)
+      out.append(module.scaled_add(a, b, 0.5).tolist())
+    print(json.dumps(out))
+""")
+
+
+def _call_all(paths: list[str]) -> list[list[float]]:
+  proc = subprocess.run([sys.executable, "-c", _CALL, *paths], capture_output=True, text=True,
+                        timeout=300, check=False)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  return json.loads(proc.stdout)
+
+
+@pytest.mark.slow
+def test_concurrent_builds_share_one_translation_unit_and_keep_their_own_code(toolchain,
+                                                                               cache_dir):
+  exts = [_extension(f"batched_{i}", _scaled(f"{i}.0")) for i in (1, 2, 3)]
+  exts.append(_extension("batched_broken", _scaled("s_typo")))
+  results, stats = _build_all(toolchain, cache_dir, exts)
+  good, broken = results[:3], results[3]
+  assert [r.ok for r in good] == [True] * 3, [r.log[-500:] for r in good]
+  assert [r.batch_size for r in good] == [3, 3, 3], [r.batch_note for r in good]
+  assert stats["batches"] == 1 and stats["batched"] == 3
+  # The broken member was dropped from the batch and built alone: its own log, as written.
+  assert not broken.ok and "s_typo" in broken.log
+  assert "m3/" not in broken.log and "dice_" not in broken.log
+  # Each module runs its own member's scaled_add (x FACTOR), not another member's.
+  assert _call_all([r.so_path for r in good]) == [[i * 1.0] * 3 for i in (1, 2, 3)]
+  symbols = subprocess.run(["nm", "-C", good[0].so_path], capture_output=True, text=True,
+                           check=True).stdout
+  assert symbols.count("::scaled_add(at::Tensor, at::Tensor, double)") == 3
+
+
+@pytest.mark.slow
+def test_a_member_that_runs_code_at_load_time_sends_the_batch_back(toolchain, cache_dir):
+  init = "static int seven() { return 7; }\nstatic int g_seven = seven();\n"
+  exts = [_extension("load_time_0", _scaled("g_seven", init)),
+          _extension("load_time_1", _scaled("4.0"))]
+  results, stats = _build_all(toolchain, cache_dir, exts)
+  assert [r.ok for r in results] == [True, True], [r.log[-500:] for r in results]
+  assert [r.batch_size for r in results] == [0, 0]
+  assert all("load time" in r.batch_note for r in results), [r.batch_note for r in results]
+  assert stats["failed"] == 1
+  assert _call_all([r.so_path for r in results]) == [[7.0] * 3, [4.0] * 3]
+
+
+def test_a_member_that_leaves_its_namespace_fails_the_batch(toolchain, tmp_path):
+  """The compiled guard behind the token rules: a member whose braces take it out of its
+  namespace (here written past the rules) makes the batch fail, and everyone builds alone."""
+  escape = batch.Member(includes=(), body="} int leaked = 1; namespace again {\n",
+                        macros=(), declared=frozenset(), scope_names=frozenset())
+  fine = batch.Member(includes=(), body="int kept = 1;\n", macros=(), declared=frozenset(),
+                      scope_names=frozenset())
+
+  async def go():
+    compiler = compile_lib.Compiler(toolchain, tmp_path, max_jobs=2)
+    try:
+      ext = _extension("escape_probe", _scaled("1.0"))
+      flags = compiler.flags(ext)
+      cmd = list(flags.nvcc) + list(flags.cuda_cflags) + [
+          "-c", "{src}", "-o", "{out}"] + list(flags.cuda_post_cflags)
+      batcher = compiler._batcher  # pylint: disable=protected-access
+      group = batch._Group(cmd, None, ("#include <cuda_runtime.h>",))  # pylint: disable=protected-access
+      loop = asyncio.get_running_loop()
+      futures = [loop.create_future(), loop.create_future()]
+      await batcher._run_batch(group, [(escape, futures[0]), (fine, futures[1])])  # pylint: disable=protected-access
+      return [f.result() for f in futures], batcher.stats
+    finally:
+      await compiler.close()
+
+  outcomes, stats = asyncio.run(go())
+  assert [value for value, _ in outcomes] == [None, None]
+  assert stats["failed"] == 1 and "did not compile" in outcomes[0][1]

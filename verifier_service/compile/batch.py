@@ -1,0 +1,605 @@
+"""Many candidates' cuda.cu compiled as one nvcc translation unit: the headers are parsed once.
+
+Why: nearly all of a cuda.cu compile is torch's and the C++ library's headers (BENCHMARKS.md,
+"where a compile's seconds go"). Eight DICE kernels in one translation unit cost what one does:
+24.2 CPU-s for the eight against 24.6 for one (nvcc 13.0 -c, lite tier, CPU VM, 2026-12-02).
+
+Each member keeps the meaning it has alone, and cannot reach another member's process:
+- Its source is its own file (`m<i>/cuda.cu`), #included inside a namespace whose name carries a
+  random per-batch nonce (`dice_<nonce>_<i>`). Its include lines are blanked: every member of a
+  batch starts with the same include block, which the batch file includes once, first. Each macro
+  it defines is #undef'd after it. Its file ends with a marker declaration that the batch checks
+  at global scope, so a member that closes or opens braces of its own (leaving its namespace, or
+  leaving one open) fails the batch. Conditional directives must balance within each file (the
+  preprocessor checks that per file).
+- `refusal` keeps off every source whose meaning could change inside a namespace or leak past its
+  file: extern "C", asm, attributes and pragmas other than loop unrolling, operators, explicit
+  specialisations, using-declarations, __COUNTER__, macros the headers also define, macros used
+  where they could declare names, and any name it declares at namespace scope that the headers
+  also use at global scope (inside a namespace it would hide the global overloads it joins alone).
+- The batch object runs no member code when loaded: its initialisation and finalisation entries
+  and the translation unit's initialiser must match, instruction for instruction and symbol for
+  symbol, those of an object of the include block alone (compiled once per group), and it has no
+  indirect (ifunc) symbols. The other members' code in a member's module is then inert: nothing
+  calls it, and only the CUDA runtime knows its kernels, which nobody launches.
+- A member's module is the batch object linked with its own main.o; the global names main.o
+  needs are bound to the member's namespace with --defsym (compiler.py).
+Whatever fails falls back to the member's own build (the tiers, ending with the source as
+written): a member whose errors name its file is dropped and the batch retried once without it,
+so that member's verdict comes from its own build and log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import pathlib
+import re
+import secrets
+import shutil
+import subprocess
+import tempfile
+from typing import Awaitable, Callable
+
+from verifier_service.compile import procs as compile_procs
+
+log = logging.getLogger(__name__)
+
+# (argv, cwd) -> (return code, output): the compile pool's runner.
+RunFn = Callable[[list[str], pathlib.Path], Awaitable[tuple[int, str]]]
+
+MAX_MEMBERS = 16
+GATHER_S = 0.15  # a burst's requests arrive within this of each other
+GATHER_MAX_S = 1.0
+MEMBER_FILE = "m{index}/cuda.cu"
+
+_COMMENT_RE = re.compile(r'//[^\n]*|/\*.*?\*/|"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\'', re.S)
+_LITERAL_RE = re.compile(r'"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\'')
+_INCLUDE_RE = re.compile(r"^[ \t]*#[ \t]*include[ \t]*[<\"][^>\"\n]+[>\"][ \t]*$")
+_DIRECTIVE_RE = re.compile(r"^[ \t]*#[ \t]*(\w*)(.*)$")
+_TOKEN_RE = re.compile(r"[A-Za-z_]\w*|::|\[\[|[{}()\[\];,=:<>.]|->|\S")
+_ALLOWED_DIRECTIVES = {"define", "undef", "if", "ifdef", "ifndef", "elif", "else", "endif",
+                       "error", "warning", ""}
+_FORBIDDEN_TOKENS = {"asm", "__asm", "__asm__", "__attribute__", "__attribute", "__declspec",
+                     "_Pragma", "__pragma", "__COUNTER__", "TORCH_EXTENSION_NAME", "operator",
+                     "thread_local", "__thread", "export"}
+# Header macros a member may use at namespace scope: declaration specifiers and attributes that
+# declare no name of their own.
+_SCOPE_MACROS = {"__global__", "__device__", "__host__", "__forceinline__", "__noinline__",
+                 "__inline__", "__launch_bounds__", "__constant__", "__shared__", "__managed__",
+                 "__restrict__", "__align__", "__grid_constant__", "__cluster_dims__",
+                 "__maxnreg__", "C10_HOST_DEVICE", "C10_DEVICE", "C10_HOST", "C10_ALWAYS_INLINE",
+                 "C10_NOINLINE", "C10_UNUSED", "C10_API", "TORCH_API", "NULL"}
+_KEYWORDS = frozenset("""alignas alignof and and_eq asm auto bitand bitor bool break case catch
+char char8_t char16_t char32_t class compl concept const consteval constexpr constinit const_cast
+continue co_await co_return co_yield decltype default delete do double dynamic_cast else enum
+explicit export extern false float for friend goto if inline int long mutable namespace new
+noexcept not not_eq nullptr operator or or_eq private protected public register reinterpret_cast
+requires return short signed sizeof static static_assert static_cast struct switch template this
+thread_local throw true try typedef typeid typename union unsigned using virtual void volatile
+wchar_t while xor xor_eq""".split())
+_DECL_FOLLOW = {"(", "=", ";", "[", ",", "{", ":"}
+_ERROR_LINE_RE = re.compile(r"\berror\b", re.I)
+_MEMBER_IN_LINE_RE = re.compile(r"\bm(\d+)/cuda\.cu\b")
+
+
+@dataclasses.dataclass(frozen=True)
+class Member:
+  """A cuda.cu that may join a batch: its include block and the rest of its text."""
+  includes: tuple[str, ...]  # the leading #include lines, whitespace-normalised
+  body: str  # the source with those lines blanked (line numbers unchanged)
+  macros: tuple[str, ...]  # macros it #defines
+  declared: frozenset[str]  # names it declares at namespace scope (over-approximated)
+  scope_names: frozenset[str]  # identifiers it uses at namespace scope (macro check)
+
+
+@dataclasses.dataclass(frozen=True)
+class Batched:
+  """A member's object: the batch's, and the namespace its code lives in."""
+  path: str
+  namespace: str
+  size: int
+
+
+def _blank(match: re.Match) -> str:
+  return re.sub(r"[^\n]", " ", match.group())
+
+
+def strip(text: str) -> str:
+  """The text without comments and literals (each replaced by spaces; newlines kept)."""
+  return _COMMENT_RE.sub(_blank, text)
+
+
+def split_member(text: str) -> tuple[Member | None, str]:
+  """The member a cuda.cu (at a light tier) would be in a batch, or None and why not."""
+  code = strip(text)
+  lines, code_lines = text.split("\n"), code.split("\n")
+  includes, first = [], len(code_lines)
+  for i, line in enumerate(code_lines):
+    if not line.strip():
+      continue
+    if _INCLUDE_RE.match(line):
+      include = " ".join(line.split())
+      if include not in includes or "assert" in include:  # again: a no-op behind its guard
+        includes.append(include)
+      continue
+    first = i
+    break
+  body_lines = list(lines)
+  for i in range(first):
+    if code_lines[i].strip():
+      body_lines[i] = ""
+  macros: list[str] = []
+  for line in code_lines[first:]:
+    match = _DIRECTIVE_RE.match(line)
+    if not match:
+      continue
+    name, rest = match.group(1), match.group(2).split()
+    if name == "pragma" and rest and rest[0] in ("unroll", "nounroll"):
+      continue
+    if name not in _ALLOWED_DIRECTIVES:
+      return None, f"has a #{name} directive after its code began"
+    if name == "define" and rest:
+      macros.append(re.match(r"\w*", rest[0]).group())
+    if name == "undef" and rest and rest[0] not in macros:
+      return None, f"#undefs {rest[0]}, which it did not define"
+  plain = "\n".join(_without_directives(code_lines[first:]))
+  if re.search(r"\bextern\s*\"", _COMMENT_RE.sub(
+      lambda m: m.group() if m.group().startswith('"') else _blank(m), text)):
+    return None, "has an extern \"C\" (or other language) linkage"
+  tokens = _TOKEN_RE.findall(_LITERAL_RE.sub(" 0 ", plain))
+  bad = sorted(set(tokens) & _FORBIDDEN_TOKENS)
+  if bad:
+    return None, f"uses {bad[0]}"
+  if "[[" in tokens:
+    return None, "has a [[...]] attribute"
+  declared, scope_names, reason = _namespace_scope(tokens)
+  if reason:
+    return None, reason
+  return Member(tuple(includes), "\n".join(body_lines), tuple(dict.fromkeys(macros)),
+                frozenset(declared), frozenset(scope_names)), ""
+
+
+def _without_directives(lines: list[str]) -> list[str]:
+  """The lines that are not directives or their backslash continuations."""
+  kept, in_directive = [], False
+  for line in lines:
+    if in_directive or _DIRECTIVE_RE.match(line):
+      in_directive = line.rstrip().endswith("\\")
+      continue
+    kept.append(line)
+  return kept
+
+
+def _namespace_scope(tokens: list[str]) -> tuple[set[str], set[str], str]:
+  """Names declared and identifiers used at the member's namespace scope (outside every brace,
+  bracket and parenthesis), with enumerators; or why the source is refused."""
+  declared, used = set(), set()
+  depth, parens, enum_at = 0, 0, None
+  pending_enum = False
+  for i, tok in enumerate(tokens):
+    nxt = tokens[i + 1] if i + 1 < len(tokens) else ""
+    prev = tokens[i - 1] if i else ""
+    if tok == "{":
+      if depth == 0 and parens == 0 and pending_enum:
+        enum_at = 1
+      depth += 1
+      pending_enum = False
+      continue
+    if tok == "}":
+      depth -= 1
+      if depth < 0:
+        return set(), set(), "closes a brace it did not open"
+      if enum_at is not None and depth < enum_at:
+        enum_at = None
+      continue
+    if depth == 0 and tok in ("(", "["):
+      parens += 1
+    elif depth == 0 and tok in (")", "]"):
+      parens -= 1
+    if depth == 0 and tok == ";":
+      pending_enum = False
+    if not re.match(r"[A-Za-z_]", tok):
+      continue
+    if enum_at is not None and depth == enum_at and nxt in (",", "=", "}"):
+      declared.add(tok)
+      continue
+    if depth != 0 or parens != 0:
+      continue
+    if tok == "enum":
+      pending_enum = True
+    if tok == "template" and nxt == "<" and i + 2 < len(tokens) and tokens[i + 2] == ">":
+      return set(), set(), "has an explicit specialisation"
+    if tok == "using" and nxt != "namespace" and not (i + 2 < len(tokens)
+                                                       and tokens[i + 2] == "="):
+      return set(), set(), "has a using-declaration at namespace scope"
+    if tok in _KEYWORDS:
+      continue
+    used.add(tok)
+    if prev in ("::", ".", "->") or nxt == "::":
+      continue
+    if nxt in _DECL_FOLLOW:
+      declared.add(tok)
+  if depth != 0 or parens != 0:
+    return set(), set(), "its braces or parentheses do not balance"
+  return declared, used, ""
+
+
+def refusal(member: Member, global_names: frozenset[str], macros: frozenset[str]) -> str | None:
+  """Why `member` must be built alone, given the global names and macros of its include block;
+  None if it may join a batch."""
+  redefined = set(member.macros) & macros
+  if redefined:
+    return f"defines a macro the headers define: {sorted(redefined)[0]}"
+  macros_here = (member.scope_names & macros) - _SCOPE_MACROS
+  if macros_here:
+    return f"uses the header macro {sorted(macros_here)[0]} at namespace scope"
+  own = member.scope_names & set(member.macros)
+  if own:
+    return f"uses its own macro {sorted(own)[0]} at namespace scope"
+  clashes = (member.declared - macros - set(member.macros)) & global_names
+  if clashes:
+    return f"declares {sorted(clashes)[0]}, a name the headers use at global scope"
+  return None
+
+
+def global_names(preprocessed: str) -> frozenset[str]:
+  """Every identifier a preprocessed translation unit uses outside all namespaces (over-
+  approximates the names it declares at global scope: also members, parameters and locals of
+  global functions and classes)."""
+  text = "\n".join(l for l in preprocessed.split("\n") if not l.lstrip().startswith("#"))
+  text = strip(text)
+  names: set[str] = set()
+  stack: list[bool] = []  # per open brace: a namespace's?
+  in_namespaces = 0
+  namespace_head = False
+  for match in re.finditer(r"[A-Za-z_]\w*|[{};]", text):
+    tok = match.group()
+    if tok == "{":
+      stack.append(namespace_head)
+      in_namespaces += namespace_head
+      namespace_head = False
+    elif tok == "}":
+      if stack:
+        in_namespaces -= stack.pop()
+    elif tok == ";":
+      namespace_head = False  # `namespace a = b;`
+    else:
+      if tok == "namespace":
+        namespace_head = True
+      if not in_namespaces:
+        names.add(tok)
+  return frozenset(names - _KEYWORDS)
+
+
+def batch_files(nonce: str, includes: tuple[str, ...], members: list[Member]
+                ) -> tuple[str, dict[str, str]]:
+  """The batch translation unit and its members' files."""
+  parts = list(includes)
+  files = {}
+  for index, member in enumerate(members):
+    name, marker = f"dice_{nonce}_{index}", f"dice_batch_end_{nonce}"
+    path = MEMBER_FILE.format(index=index)
+    files[path] = f"{member.body}\nstruct {marker};\n"
+    parts += [f"namespace {name} {{", f'#include "{path}"', "}"]
+    parts += [f"#undef {macro}" for macro in member.macros]
+    parts.append(f'static_assert(sizeof(::{name}::{marker}*) != 0, "batch member {index} '
+                 'left its namespace");')
+  return "\n".join(parts) + "\n", files
+
+
+def members_in_errors(log_text: str) -> set[int]:
+  """Indices of the members whose files an error line names."""
+  found = set()
+  for line in log_text.splitlines():
+    if _ERROR_LINE_RE.search(line):
+      found.update(int(m) for m in _MEMBER_IN_LINE_RE.findall(line))
+  return found
+
+
+# ----------------------------------------------------------------------------- the object
+
+
+def _tool(name: str, *args: str) -> str:
+  return subprocess.run([name, *args], capture_output=True, text=True, check=True).stdout
+
+
+def init_signature(obj: str) -> tuple:
+  """What loading `obj` runs: per entry of its init/fini arrays, the function's instructions
+  (mnemonics) and the symbols they refer to (nvcc's registration of the object's own kernels with
+  the CUDA runtime by name only); its .init/.fini sections; its indirect (ifunc) symbols."""
+  functions, by_name = _functions(obj)
+  entries = []
+  section = ""
+  for line in _tool("readelf", "-rW", obj).splitlines():
+    head = re.match(r"Relocation section '\.rela?(\S+)'", line)
+    if head:
+      section = head.group(1)
+      continue
+    kind = re.match(r"\.(init_array|fini_array|ctors|dtors|preinit_array)", section)
+    entry = re.search(r"\bR_\w+\s+([0-9a-f]+)\s+(\S+)\s*\+\s*([0-9a-f]+)", line)
+    if not (kind and entry):
+      continue
+    symbol, addend = entry.group(2), int(entry.group(3), 16)
+    found = (functions.get((symbol, addend)) if symbol.startswith(".")
+             else by_name.get(symbol) if addend == 0 else None)
+    if found is None:
+      entries.append((kind.group(1), "unknown", symbol, addend))
+    elif "__cudaRegisterAll" in found[0]:
+      entries.append((kind.group(1), "cuda registration"))
+    else:
+      entries.append((kind.group(1), found[1]))
+  sections = tuple(sorted(re.findall(r"\] (\.(?:init|fini)) ", _tool("readelf", "-SW", obj))))
+  ifuncs = tuple(sorted(l.split()[-1] for l in _tool("readelf", "-sW", obj).splitlines()
+                        if " IFUNC " in l))
+  return tuple(sorted(entries, key=repr)), sections, ifuncs
+
+
+def _functions(obj: str) -> tuple[dict, dict]:
+  """{(section, offset): (name, body)} and {name: (name, body)}: each function's instructions
+  (mnemonics), the functions it calls or jumps to by name, and its relocation targets; no
+  addresses or addends."""
+  functions: dict[tuple[str, int], tuple[str, list[str]]] = {}
+  section, body = "", None
+  for line in _tool("objdump", "-dr", "--no-show-raw-insn", obj).splitlines():
+    head = re.match(r"Disassembly of section (\S+):", line)
+    if head:
+      section = head.group(1)
+      continue
+    start = re.match(r"^([0-9a-f]+) <([^>]+)>:$", line)
+    if start:
+      body = []
+      functions[(section, int(start.group(1), 16))] = (start.group(2), body)
+      continue
+    if body is None or ":" not in line:
+      continue
+    rest = line.split(":", 1)[1].strip()
+    if not rest:
+      continue
+    if re.match(r"R_\w+", rest):
+      body.append("reloc " + re.sub(r"[-+]0x[0-9a-f]+$", "", rest.split()[-1]))
+      continue
+    body.append(rest.split()[0])
+    target = re.search(r"<([^>+]+)(?:\+0x[0-9a-f]+)?>", rest)
+    if target and rest.split()[0].startswith(("call", "jmp", "bl", "b.")):
+      body.append("to " + target.group(1))
+  frozen = {k: (name, tuple(b)) for k, (name, b) in functions.items()}
+  by_name = {v[0]: v for v in frozen.values()}
+  return {k: (v[0], _closure(v[0], by_name)) for k, v in frozen.items()}, {
+      name: (name, _closure(name, by_name)) for name in by_name}
+
+
+def _closure(name: str, by_name: dict) -> tuple:
+  """A function's body followed by the bodies of every function of the object it reaches."""
+  seen, bodies, todo = set(), [], [name]
+  while todo:
+    current = todo.pop(0)
+    if current in seen or current not in by_name:
+      continue
+    seen.add(current)
+    body = by_name[current][1]
+    bodies.append(body)
+    todo += [line.split(" ", 1)[1] for line in body if line.startswith(("to ", "reloc "))]
+  return tuple(bodies)
+
+
+def undefined_in(obj: str, nonce: str) -> list[str]:
+  """Symbols `obj` needs from a batch namespace but does not define."""
+  return [l.split()[0] for l in _tool("nm", "-P", "-u", obj).splitlines() if nonce in l]
+
+
+def defsyms(main_obj: str, batch_obj: str, namespace: str) -> list[str]:
+  """`-Wl,--defsym` options binding the global functions main.o needs to `namespace`'s."""
+  needed = [l.split()[0] for l in _tool("nm", "-P", "-u", main_obj).splitlines() if l.strip()]
+  defined = [l.split()[0] for l in _tool("nm", "-P", "--defined-only", batch_obj).splitlines()
+             if namespace in l]
+  if not needed or not defined:
+    return []
+  names = _tool("c++filt", *needed, *defined).splitlines()
+  wanted = dict(zip(names[:len(needed)], needed))
+  prefix = namespace + "::"
+  options = []
+  for plain, mangled in zip(names[len(needed):], defined):
+    if plain.startswith(prefix) and plain[len(prefix):] in wanted:
+      options.append(f"-Wl,--defsym={wanted[plain[len(prefix):]]}={mangled}")
+  return options
+
+
+# ----------------------------------------------------------------------------- the batcher
+
+
+@dataclasses.dataclass
+class _Group:
+  """Members waiting to be compiled together (same command, module id and include block)."""
+  cmd: list[str]
+  module_id: str | None
+  includes: tuple[str, ...]
+  waiting: list[tuple[Member, asyncio.Future]] = dataclasses.field(default_factory=list)
+  arrivals: int = 0
+  dispatcher: asyncio.Task | None = None
+  names: asyncio.Future | None = None  # (global names, macros) of the include block
+  prefix_object: asyncio.Future | None = None  # its object's init_signature
+
+
+class Batcher:
+  """Gathers the cuda.cu compiles that wait at the same time into batches.
+
+  `compile_fn(cmd, text, filename, module_id, files)` is Objects.compile; `run(argv, cwd)` runs a
+  compiler process. A member waits about GATHER_S (at most GATHER_MAX_S) for company; the
+  headers' names are read (preprocessing, once per group) only once a group has two members,
+  and the headers' own object is compiled (once per group) alongside its first batch. A lone
+  member, a refused one and every member of a failed batch are told to build alone (None)."""
+
+  def __init__(self, compile_fn, run: RunFn, work_dir: pathlib.Path,
+               max_members: int = MAX_MEMBERS, gather_s: float = GATHER_S):
+    self._compile = compile_fn
+    self._run = run
+    self._work_dir = work_dir
+    self.max_members = max_members
+    self.gather_s = gather_s
+    self._groups: dict[tuple, _Group] = {}
+    self.stats = {"batches": 0, "batched": 0, "alone": 0, "refused": 0, "failed": 0}
+
+  async def compile(self, cmd: list[str], module_id: str | None, text: str
+                    ) -> tuple[Batched | None, str]:
+    """The object `text` (a light-tier cuda.cu) gets from a batch, or None and why not."""
+    member, reason = split_member(text)
+    if member is None:
+      self.stats["refused"] += 1
+      return None, reason
+    key = (tuple(cmd), module_id, member.includes)
+    group = self._groups.get(key)
+    if group is None:
+      group = self._groups[key] = _Group(list(cmd), module_id, member.includes)
+    future = asyncio.get_running_loop().create_future()
+    group.waiting.append((member, future))
+    group.arrivals += 1
+    if group.dispatcher is None or group.dispatcher.done():
+      group.dispatcher = asyncio.ensure_future(self._dispatch(group))
+    return await future
+
+  async def _dispatch(self, group: _Group) -> None:
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    while True:  # wait while more arrive, up to GATHER_MAX_S
+      seen = group.arrivals
+      await asyncio.sleep(self.gather_s)
+      if group.arrivals == seen or loop.time() - start > GATHER_MAX_S:
+        break
+    taken = [(m, f) for m, f in group.waiting if not f.done()]
+    group.waiting.clear()
+    if len(taken) < 2:
+      self._alone(taken, "no other compile to share one with")
+      return
+    try:
+      names, macros = await self._names(group)
+    except compile_procs.ProcessFailed as e:
+      self._alone(taken, "its include block does not preprocess alone: " + e.log[-200:])
+      return
+    members = []
+    for member, future in taken:
+      reason = refusal(member, names, macros)
+      if reason:
+        self.stats["refused"] += 1
+        _resolve(future, None, reason)
+      else:
+        members.append((member, future))
+    runs = []
+    while members:
+      chunk, members = members[:self.max_members], members[self.max_members:]
+      if len(chunk) == 1:
+        self._alone(chunk, "no other compile to share one with")
+      else:
+        runs.append(asyncio.ensure_future(self._run_batch(group, chunk)))
+    await asyncio.gather(*runs, return_exceptions=True)
+
+  def _alone(self, members: list[tuple[Member, asyncio.Future]], why: str) -> None:
+    for _, future in members:
+      self.stats["alone"] += 1
+      _resolve(future, None, why)
+
+  async def _run_batch(self, group: _Group, members: list[tuple[Member, asyncio.Future]],
+                       retried: bool = False) -> None:
+    nonce = secrets.token_hex(6)
+    text, files = batch_files(nonce, group.includes, [m for m, _ in members])
+    futures = [f for _, f in members]
+    task = asyncio.ensure_future(self._compile(group.cmd, text, "cuda.cu", group.module_id,
+                                               files))
+    watch = asyncio.ensure_future(_all_done(futures))
+    problem = ""
+    try:
+      await asyncio.wait([task, watch], return_when=asyncio.FIRST_COMPLETED)
+      if not task.done():  # every member gave up (deadline, client gone)
+        return
+      obj, _ = task.result()
+      signature = await self._prefix_signature(group)
+      problem = await asyncio.to_thread(_check, obj, nonce, signature)
+    except compile_procs.ProcessFailed as e:
+      culprits = members_in_errors(e.log)
+      rest = [pair for i, pair in enumerate(members) if i not in culprits]
+      if culprits and not retried and len(rest) >= 2:
+        for i in culprits:
+          if i < len(members):
+            _resolve(members[i][1], None, "it does not compile in a batch; built alone")
+        await self._run_batch(group, rest, retried=True)
+        return
+      problem = "it did not compile: " + e.log[-300:]
+    except Exception as e:  # pylint: disable=broad-except  (a speed-up: each builds alone)
+      log.exception("batch compile failed to run")
+      problem = repr(e)
+    finally:
+      watch.cancel()
+      if not task.done():
+        task.cancel()
+    if problem:
+      log.info("a batch of %d was not used (%s); its members build alone", len(members),
+               problem[:300])
+      self.stats["failed"] += 1
+      for f in futures:
+        _resolve(f, None, "its batch was not used: " + problem[:200])
+      return
+    self.stats["batches"] += 1
+    self.stats["batched"] += len(members)
+    for index, f in enumerate(futures):
+      _resolve(f, Batched(obj, f"dice_{nonce}_{index}", len(members)), "")
+
+  async def _names(self, group: _Group) -> tuple[frozenset[str], frozenset[str]]:
+    if group.names is None:
+      group.names = asyncio.ensure_future(self._read_names(group))
+    return await asyncio.shield(group.names)
+
+  async def _read_names(self, group: _Group) -> tuple[frozenset[str], frozenset[str]]:
+    """The include block's global names (host and device preprocessing) and macros."""
+    work = pathlib.Path(tempfile.mkdtemp(prefix="batch-names-", dir=self._work_dir))
+    try:
+      (work / "cuda.cu").write_text(_include_text(group.includes))
+      base = [a for a in group.cmd if a not in ("-c", "{src}", "-o", "{out}")]
+      runs = [self._run(base + extra + ["-E", "cuda.cu", "-o", f"out{i}.ii"], work)
+              for i, extra in enumerate(([], ["-D__CUDA_ARCH__=900"], ["-Xcompiler", "-dM"]))]
+      for rc, output in await asyncio.gather(*runs):
+        if rc != 0:
+          raise compile_procs.ProcessFailed(output)
+      read = lambda i: (work / f"out{i}.ii").read_text(errors="replace")
+      names = await asyncio.to_thread(lambda: global_names(read(0)) | global_names(read(1)))
+      macros = frozenset(re.findall(r"^#define (\w+)", read(2), re.M))
+      return names, macros
+    finally:
+      shutil.rmtree(work, ignore_errors=True)
+
+  async def _prefix_signature(self, group: _Group) -> tuple | None:
+    """What the include block's own object runs at load time (None if it does not build)."""
+    if group.prefix_object is None:
+      async def build() -> tuple | None:
+        try:
+          obj, _ = await self._compile(group.cmd, _include_text(group.includes), "cuda.cu",
+                                       group.module_id, None)
+        except compile_procs.ProcessFailed:
+          return None
+        return await asyncio.to_thread(init_signature, obj)
+      group.prefix_object = asyncio.ensure_future(build())
+    return await asyncio.shield(group.prefix_object)
+
+
+def _include_text(includes: tuple[str, ...]) -> str:
+  return "\n".join(includes) + "\n"
+
+
+def _resolve(future: asyncio.Future, value: Batched | None, why: str) -> None:
+  if not future.done():
+    future.set_result((value, why))
+
+
+def _check(obj: str, nonce: str, signature: tuple | None) -> str:
+  """Why the batch object must not be used, or ''."""
+  missing = undefined_in(obj, nonce)
+  if missing:
+    return f"it needs symbols of a member that no member defines: {missing[:3]}"
+  if signature is None or init_signature(obj) != signature:
+    return "it runs code at load time that the headers alone do not"
+  return ""
+
+
+async def _all_done(futures: list[asyncio.Future]) -> None:
+  while not all(f.done() for f in futures):
+    await asyncio.sleep(0.5)
