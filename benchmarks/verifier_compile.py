@@ -139,6 +139,8 @@ async def _bursts(args: argparse.Namespace, toolchain: toolchain_lib.Toolchain, 
     os.symlink(root / "shared" / sub, cache / sub)
   rows = (("burst", exts, 1), ("burst_steady", _changed(exts, "steady"), 1),
           ("burst_batched", _changed(exts, "batched"), args.batch_members))
+  if args.skip_steady:
+    rows = rows[:1] + rows[2:]
   for name, batch, members in rows:
     compiler = compile_lib.Compiler(toolchain, cache, max_jobs=args.jobs, batch_members=members)
     try:
@@ -222,10 +224,12 @@ async def run(args: argparse.Namespace) -> list[dict]:
       a, b = by_name[base], by_name[fast]
       print(f"{base} / {fast}: wall {a['wall_s'] / max(b['wall_s'], 0.1):.2f}x   "
             f"cpu {a['cpu_s'] / max(b['cpu_s'], 0.1):.2f}x", flush=True)
-  if "burst_steady" in by_name and "burst_batched" in by_name:
-    a, b = by_name["burst_steady"], by_name["burst_batched"]
-    print(f"burst_steady / burst_batched: wall {a['wall_s'] / max(b['wall_s'], 0.1):.2f}x   "
-          f"cpu {a['cpu_s'] / max(b['cpu_s'], 0.1):.2f}x", flush=True)
+  for alone in ("burst_steady", "burst"):
+    if alone in by_name and "burst_batched" in by_name:
+      a, b = by_name[alone], by_name["burst_batched"]
+      print(f"{alone} / burst_batched: wall {a['wall_s'] / max(b['wall_s'], 0.1):.2f}x   "
+            f"cpu {a['cpu_s'] / max(b['cpu_s'], 0.1):.2f}x", flush=True)
+      break
   for name in ("steady", "burst_steady", "burst_batched"):
     if name not in by_name:
       continue
@@ -257,6 +261,9 @@ def main() -> None:
   parser.add_argument("--burst", action="store_true",
                       help="submit the candidates all at once instead (variants burst, "
                            "burst_steady, burst_batched)")
+  parser.add_argument("--skip-steady", action="store_true",
+                      help="--burst without the burst_steady row (burst_batched is then "
+                           "compared with the cold burst)")
   parser.add_argument("--batch-members", type=int, default=16,
                       help="the most cuda.cu sources one translation unit holds in the "
                            "burst_batched row (default %(default)s)")

@@ -178,7 +178,7 @@ async def run_service(items: list[dict], latency_items: list[dict], args: argpar
       listen="127.0.0.1:0", cache_dir=cache, compile_workers=args.compile_workers,
       slots_per_gpu=args.slots_per_gpu, queue_capacity=4096,
       gpus=[] if args.no_gpu else ([int(g) for g in args.gpus.split(",")] if args.gpus else None),
-      run_timeout_s=600.0, compile_timeout_s=900.0)
+      run_timeout_s=600.0, compile_timeout_s=900.0, batch_members=args.batch_members)
   started = time.monotonic()
   scheduler = scheduler_lib.Scheduler.create(config, toolchain)
   await scheduler.start()
@@ -333,6 +333,10 @@ def main() -> None:
   parser.add_argument("--no-gpu", action="store_true",
                       help="compile-only comparison (no GPU here): verdicts are NO_GPU")
   parser.add_argument("--skip-naive", action="store_true", help="only the service")
+  parser.add_argument("--batch-members", type=int,
+                      default=config_lib.ServerConfig().batch_members,
+                      help="cuda.cu sources one translation unit holds at most (compile/batch.py; "
+                           "1: each alone; default %(default)s)")
   parser.add_argument("--gpus", default="", help="GPU indices the service uses, e.g. 0 (default: all)")
   parser.add_argument("--json", default="", help="write every number to this file")
   args = parser.parse_args()

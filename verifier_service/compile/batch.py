@@ -460,6 +460,14 @@ class Batcher:
     return await future
 
   async def _dispatch(self, group: _Group) -> None:
+    try:
+      await self._gather_and_run(group)
+    except Exception as e:  # pylint: disable=broad-except  (a speed-up: each builds alone)
+      log.exception("batching failed")
+      self._alone(list(group.waiting), f"batching failed: {e!r}")
+      group.waiting.clear()
+
+  async def _gather_and_run(self, group: _Group) -> None:
     loop = asyncio.get_running_loop()
     start = loop.time()
     while True:  # wait while more arrive, up to GATHER_MAX_S
@@ -469,6 +477,13 @@ class Batcher:
         break
     taken = [(m, f) for m, f in group.waiting if not f.done()]
     group.waiting.clear()
+    try:
+      await self._run_taken(group, taken)
+    except Exception as e:
+      self._alone([pair for pair in taken if not pair[1].done()], f"batching failed: {e!r}")
+      raise
+
+  async def _run_taken(self, group: _Group, taken: list[tuple[Member, asyncio.Future]]) -> None:
     if len(taken) < 2:
       self._alone(taken, "no other compile to share one with")
       return
@@ -496,8 +511,9 @@ class Batcher:
 
   def _alone(self, members: list[tuple[Member, asyncio.Future]], why: str) -> None:
     for _, future in members:
-      self.stats["alone"] += 1
-      _resolve(future, None, why)
+      if not future.done():
+        self.stats["alone"] += 1
+        _resolve(future, None, why)
 
   async def _run_batch(self, group: _Group, members: list[tuple[Member, asyncio.Future]],
                        retried: bool = False) -> None:
