@@ -5,6 +5,7 @@ member's function (the host path, on CPU tensors: no GPU needed)."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import pathlib
 import subprocess
@@ -76,10 +77,12 @@ def test_a_member_keeps_its_lines_and_lists_its_includes_once():
     ("#line 7 \"other.cu\"\n__global__ void k() {}", "#line"),
     ("template <> struct std::hash<int>;", "specialisation"),
     ("using std::max;\n__global__ void k() {}", "using-declaration"),
-    ("} int leaked = 1; namespace again {", "did not open"),
+    ("} int leaked = 1; struct again {", "did not open"),
     ("__global__ void k(int* x) { x[0] = __COUNTER__; }", "__COUNTER__"),
     ("#undef TORCH_CHECK\n__global__ void k() {}", "did not define"),
     ("struct V { float x; };\nV operator+(V a, V b) { return a; }", "operator"),
+    ("namespace { __device__ float max(float a, float b) { return a; } }", "namespace"),
+    ("#define NO_OPT _Pragma(\"GCC optimize(\\\"O0\\\")\")\nNO_OPT void f() {}", "_Pragma"),
 ])
 def test_sources_that_could_mean_something_else_in_a_batch_stay_alone(body, reason):
   member, why = _member(body)
@@ -97,6 +100,7 @@ def test_names_and_macros_of_the_headers_keep_a_member_alone():
       "TORCH_CHECK(true);": "header macro TORCH_CHECK",
       "#define DECLARE(n) int n;\nDECLARE(hidden)": "its own macro DECLARE",
       "enum Mode { size_t, other };": "declares size_t",
+      "__global__ void k() { extern __shared__ float max[]; }": "declares max",
   }
   for body, reason in cases.items():
     member, why = _member(body)
@@ -117,6 +121,10 @@ def test_global_names_leave_out_what_lies_in_namespaces():
   names = batch.global_names(text)
   assert {"visible", "param", "cfunc", "Box", "member", "at", "alias"} <= names
   assert not {"hidden", "inner", "deeper", "Tensor", "in_string"} & names
+  inline = batch.global_names("inline namespace v1 { int seen; }\nnamespace n { int unseen; }")
+  assert "seen" in inline and "unseen" not in inline
+  directive = batch.global_names("namespace n { int pulled_in; }\nusing namespace n;")
+  assert "pulled_in" in directive
 
 
 def test_the_batch_file_wraps_each_member_and_checks_it_came_back():
@@ -131,6 +139,16 @@ def test_the_batch_file_wraps_each_member_and_checks_it_came_back():
   log = ("m1/cuda.cu(3): error: identifier \"x\" is undefined\n"
          "In file included from m0/cuda.cu:1:\nm12/cuda.cu:4:2: error: expected ';'\n")
   assert batch.members_in_errors(log) == {1, 12}
+
+
+def test_a_batch_never_holds_two_answers_to_one_problem():
+  member, _ = _member("__global__ void k() {}")
+  pairs = [(dataclasses.replace(member, problem=p), None) for p in "aabacaa"]
+  chunks = batch.chunks(pairs, 3)
+  assert [[m.problem for m, _ in c] for c in chunks] == [["a", "b", "c"], ["a"], ["a"], ["a"],
+                                                          ["a"]]
+  anonymous = [(member, None)] * 5
+  assert [len(c) for c in batch.chunks(anonymous, 2)] == [2, 2, 1]
 
 
 # ----------------------------------------------------------------------------- real nvcc

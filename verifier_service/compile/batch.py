@@ -22,6 +22,10 @@ Each member keeps the meaning it has alone, and cannot reach another member's pr
   symbol, those of an object of the include block alone (compiled once per group), and it has no
   indirect (ifunc) symbols. The other members' code in a member's module is then inert: nothing
   calls it, and only the CUDA runtime knows its kernels, which nobody launches.
+- A batch holds at most one member per problem (the reference it is verified against), so the
+  code a member's module carries besides its own never answers the member's own problem: a
+  candidate that went looking for the other members' kernels in its own module (by symbol or
+  through the CUDA driver) would find only kernels written for other problems.
 - A member's module is the batch object linked with its own main.o; the global names main.o
   needs are bound to the member's namespace with --defsym (compiler.py).
 Whatever fails falls back to the member's own build (the tiers, ending with the source as
@@ -92,6 +96,7 @@ class Member:
   macros: tuple[str, ...]  # macros it #defines
   declared: frozenset[str]  # names it declares at namespace scope (over-approximated)
   scope_names: frozenset[str]  # identifiers it uses at namespace scope (macro check)
+  problem: str = ""  # the reference it is verified against: one member per problem in a batch
 
 
 @dataclasses.dataclass(frozen=True)
@@ -144,16 +149,18 @@ def split_member(text: str) -> tuple[Member | None, str]:
       macros.append(re.match(r"\w*", rest[0]).group())
     if name == "undef" and rest and rest[0] not in macros:
       return None, f"#undefs {rest[0]}, which it did not define"
-  plain = "\n".join(_without_directives(code_lines[first:]))
   if re.search(r"\bextern\s*\"", _COMMENT_RE.sub(
       lambda m: m.group() if m.group().startswith('"') else _blank(m), text)):
     return None, "has an extern \"C\" (or other language) linkage"
-  tokens = _TOKEN_RE.findall(_LITERAL_RE.sub(" 0 ", plain))
-  bad = sorted(set(tokens) & _FORBIDDEN_TOKENS)
+  every = _TOKEN_RE.findall("\n".join(code_lines[first:]))  # macro bodies too
+  bad = sorted(set(every) & _FORBIDDEN_TOKENS)
   if bad:
     return None, f"uses {bad[0]}"
-  if "[[" in tokens:
+  if "[[" in every:
     return None, "has a [[...]] attribute"
+  if "namespace" in every:  # an anonymous or inline one would declare into the member's scope
+    return None, "opens a namespace"
+  tokens = _TOKEN_RE.findall("\n".join(_without_directives(code_lines[first:])))
   declared, scope_names, reason = _namespace_scope(tokens)
   if reason:
     return None, reason
@@ -223,6 +230,12 @@ def _namespace_scope(tokens: list[str]) -> tuple[set[str], set[str], str]:
       declared.add(tok)
   if depth != 0 or parens != 0:
     return set(), set(), "its braces or parentheses do not balance"
+  # A block-scope extern declaration names an entity of the enclosing namespace.
+  for i, tok in enumerate(tokens):
+    if tok == "extern":
+      for name in tokens[i + 1:tokens.index(";", i) if ";" in tokens[i:] else len(tokens)]:
+        if re.match(r"[A-Za-z_]", name) and name not in _KEYWORDS:
+          declared.add(name)
   return declared, used, ""
 
 
@@ -247,13 +260,15 @@ def refusal(member: Member, global_names: frozenset[str], macros: frozenset[str]
 def global_names(preprocessed: str) -> frozenset[str]:
   """Every identifier a preprocessed translation unit uses outside all namespaces (over-
   approximates the names it declares at global scope: also members, parameters and locals of
-  global functions and classes)."""
+  global functions and classes). An inline namespace counts as global scope; a using-directive
+  at global scope makes every identifier count."""
   text = "\n".join(l for l in preprocessed.split("\n") if not l.lstrip().startswith("#"))
   text = strip(text)
   names: set[str] = set()
-  stack: list[bool] = []  # per open brace: a namespace's?
+  stack: list[bool] = []  # per open brace: a (non-inline) namespace's?
   in_namespaces = 0
   namespace_head = False
+  previous = ""
   for match in re.finditer(r"[A-Za-z_]\w*|[{};]", text):
     tok = match.group()
     if tok == "{":
@@ -267,9 +282,12 @@ def global_names(preprocessed: str) -> frozenset[str]:
       namespace_head = False  # `namespace a = b;`
     else:
       if tok == "namespace":
-        namespace_head = True
+        if previous == "using" and not in_namespaces:
+          return frozenset(re.findall(r"[A-Za-z_]\w*", text)) - _KEYWORDS
+        namespace_head = previous != "inline"
       if not in_namespaces:
         names.add(tok)
+    previous = tok
   return frozenset(names - _KEYWORDS)
 
 
@@ -441,13 +459,15 @@ class Batcher:
     self._groups: dict[tuple, _Group] = {}
     self.stats = {"batches": 0, "batched": 0, "alone": 0, "refused": 0, "failed": 0}
 
-  async def compile(self, cmd: list[str], module_id: str | None, text: str
+  async def compile(self, cmd: list[str], module_id: str | None, text: str, problem: str = ""
                     ) -> tuple[Batched | None, str]:
-    """The object `text` (a light-tier cuda.cu) gets from a batch, or None and why not."""
+    """The object `text` (a light-tier cuda.cu) gets from a batch, or None and why not. Members
+    with the same non-empty `problem` never share a batch."""
     member, reason = split_member(text)
     if member is None:
       self.stats["refused"] += 1
       return None, reason
+    member = dataclasses.replace(member, problem=problem)
     key = (tuple(cmd), module_id, member.includes)
     group = self._groups.get(key)
     if group is None:
@@ -501,10 +521,9 @@ class Batcher:
       else:
         members.append((member, future))
     runs = []
-    while members:
-      chunk, members = members[:self.max_members], members[self.max_members:]
+    for chunk in chunks(members, self.max_members):
       if len(chunk) == 1:
-        self._alone(chunk, "no other compile to share one with")
+        self._alone(chunk, "no other compile (of another problem) to share one with")
       else:
         runs.append(asyncio.ensure_future(self._run_batch(group, chunk)))
     await asyncio.gather(*runs, return_exceptions=True)
@@ -595,6 +614,22 @@ class Batcher:
         return await asyncio.to_thread(init_signature, obj)
       group.prefix_object = asyncio.ensure_future(build())
     return await asyncio.shield(group.prefix_object)
+
+
+def chunks(members: list[tuple[Member, asyncio.Future]], size: int
+           ) -> list[list[tuple[Member, asyncio.Future]]]:
+  """Batches of at most `size`, none holding two members of one problem (a member's module
+  holds the other members' code: it must not hold another answer to its own problem)."""
+  out: list[list[tuple[Member, asyncio.Future]]] = []
+  for pair in members:
+    problem = pair[0].problem
+    home = next((c for c in out if len(c) < size and not (
+        problem and any(m.problem == problem for m, _ in c))), None)
+    if home is None:
+      out.append([pair])
+    else:
+      home.append(pair)
+  return out
 
 
 def _include_text(includes: tuple[str, ...]) -> str:

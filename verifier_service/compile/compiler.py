@@ -175,8 +175,10 @@ class Compiler:
     return objects_lib.digest("build", self.toolchain.fingerprint, dataclasses.asdict(self.flags(ext)),
                    ext.name, main_text, cuda_text, self._policy)
 
-  async def build(self, ext: sources.InlineExtension, timeout_s: float) -> BuildResult:
-    """Builds (or fetches from cache) one extension within `timeout_s` seconds."""
+  async def build(self, ext: sources.InlineExtension, timeout_s: float,
+                  problem: str = "") -> BuildResult:
+    """Builds (or fetches from cache) one extension within `timeout_s` seconds. `problem` names
+    the reference it is verified against: a batch holds at most one cuda.cu per problem."""
     start = time.monotonic()
     key = self.build_key(ext)
     record = self._read_record(key)
@@ -190,7 +192,7 @@ class Compiler:
     priority = compile_procs.PRIORITY.set(next(self._arrivals))
     try:
       async with asyncio.timeout(timeout_s):
-        result = await self._builds.run(key, lambda: self._build(ext, key))
+        result = await self._builds.run(key, lambda: self._build(ext, key, problem))
     except TimeoutError:
       return BuildResult(ok=False, timed_out=True, cache_key=key,
                          log=f"compile did not finish within {timeout_s:.1f} s",
@@ -288,14 +290,15 @@ class Compiler:
     except Exception:  # pylint: disable=broad-except  (a display must not fail a build)
       log.exception("progress callback failed")
 
-  async def _build(self, ext: sources.InlineExtension, key: str) -> BuildResult:
+  async def _build(self, ext: sources.InlineExtension, key: str, problem: str) -> BuildResult:
     self._building += 1
     try:
-      return await self._build_counted(ext, key)
+      return await self._build_counted(ext, key, problem)
     finally:
       self._building -= 1
 
-  async def _build_counted(self, ext: sources.InlineExtension, key: str) -> BuildResult:
+  async def _build_counted(self, ext: sources.InlineExtension, key: str,
+                           problem: str) -> BuildResult:
     flags = self.flags(ext)
     main_text, cuda_text = buildspec.render_sources(ext)
     start = time.monotonic()
@@ -303,7 +306,8 @@ class Compiler:
                                                                  is not None else ""))
     tasks = [asyncio.ensure_future(self._main_object(ext, flags, main_text, self.main_tiers))]
     if cuda_text is not None:
-      tasks.append(asyncio.ensure_future(self._cuda_object(flags, cuda_text, self.tiers)))
+      tasks.append(asyncio.ensure_future(self._cuda_object(flags, cuda_text, self.tiers,
+                                                           problem=problem)))
     try:
       done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
       for task in done:
@@ -405,7 +409,7 @@ class Compiler:
       return "", "linked with its batch, it failed: " + e.log[-200:]
 
   async def _cuda_object(self, flags: buildspec.BuildFlags, cuda_text: str,
-                         tiers: tuple[str, ...], may_batch: bool = True
+                         tiers: tuple[str, ...], may_batch: bool = True, problem: str = ""
                          ) -> tuple[str | batch_lib.Batched, str, dict[str, str]]:
     """cuda.cu at the lightest tier that compiles: (object, tier, why lighter tiers were not
     used). Raises ProcessFailed with the original source's log if nothing compiles. While other
@@ -426,7 +430,7 @@ class Compiler:
       module_id = None if tier == ORIGINAL else f"_{env.key[:8]}_dice_{env.key[8:24]}"
       if tier == LITE and may_batch and self._batcher is not None and self._building > 1:
         shared = [a for a in cmd if not pch_lib.NAME_DEFINE_RE.match(a)]
-        batched, why = await self._batcher.compile(shared, module_id, text)
+        batched, why = await self._batcher.compile(shared, module_id, text, problem)
         if batched is not None:
           return batched, tier, notes
         notes["batch"] = why

@@ -217,8 +217,10 @@ class Scheduler:
       return
 
     t = time.monotonic()
+    problem = hashlib.sha256(request.reference_source.encode()).hexdigest()
     builds = await asyncio.gather(*(
-        self.compiler.build(ext, options.compile_timeout_s) for ext in report.extensions))
+        self.compiler.build(ext, options.compile_timeout_s, problem=problem)
+        for ext in report.extensions))
     verdict.stage_timings.add(stage=pb.STAGE_COMPILE, duration_s=time.monotonic() - t)
     self._fill_compile(verdict, builds)
     failed = next((b for b in builds if not b.ok), None)
