@@ -151,6 +151,35 @@ def test_a_batch_never_holds_two_answers_to_one_problem():
   assert [len(c) for c in batch.chunks(anonymous, 2)] == [2, 2, 1]
 
 
+def test_members_arriving_while_a_batch_compiles_get_a_batch_of_their_own(tmp_path):
+  """The gathering ends when its batch starts compiling: later arrivals are not left waiting
+  for the next arrival to start another (here the compiler is a stand-in that takes 0.3 s and
+  whose objects fail the batch check, so every member is told to build alone)."""
+  compiled = []
+
+  async def compile_fn(cmd, text, filename, module_id, files):
+    compiled.append(sorted(files or ()))
+    await asyncio.sleep(0.3)
+    return str(tmp_path / "missing.o"), ""
+
+  async def run(argv, cwd):
+    (cwd / argv[-1]).write_text("")
+    return 0, ""
+
+  async def go():
+    batcher = batch.Batcher(compile_fn, run, tmp_path, gather_s=0.05)
+    text = HEAD + "__global__ void k() {}\n"
+    first = [asyncio.ensure_future(batcher.compile(["nvcc"], None, text, p)) for p in "ab"]
+    await asyncio.sleep(0.2)  # the first batch is compiling now
+    later = [asyncio.ensure_future(batcher.compile(["nvcc"], None, text, p)) for p in "cd"]
+    return await asyncio.wait_for(asyncio.gather(*first, *later), 10), batcher.stats
+
+  results, stats = asyncio.run(go())
+  assert [value for value, _ in results] == [None] * 4
+  assert all("its batch was not used" in why for _, why in results)
+  assert compiled.count(["m0/cuda.cu", "m1/cuda.cu"]) == 2 and stats["failed"] == 2
+
+
 # ----------------------------------------------------------------------------- real nvcc
 
 

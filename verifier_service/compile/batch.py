@@ -59,7 +59,6 @@ GATHER_MAX_S = 1.0
 MEMBER_FILE = "m{index}/cuda.cu"
 
 _COMMENT_RE = re.compile(r'//[^\n]*|/\*.*?\*/|"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\'', re.S)
-_LITERAL_RE = re.compile(r'"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\'')
 _INCLUDE_RE = re.compile(r"^[ \t]*#[ \t]*include[ \t]*[<\"][^>\"\n]+[>\"][ \t]*$")
 _DIRECTIVE_RE = re.compile(r"^[ \t]*#[ \t]*(\w*)(.*)$")
 _TOKEN_RE = re.compile(r"[A-Za-z_]\w*|::|\[\[|[{}()\[\];,=:<>.]|->|\S")
@@ -457,6 +456,7 @@ class Batcher:
     self.max_members = max_members
     self.gather_s = gather_s
     self._groups: dict[tuple, _Group] = {}
+    self._tasks: set[asyncio.Task] = set()  # batches in flight (a reference keeps each alive)
     self.stats = {"batches": 0, "batched": 0, "alone": 0, "refused": 0, "failed": 0}
 
   async def compile(self, cmd: list[str], module_id: str | None, text: str, problem: str = ""
@@ -480,14 +480,8 @@ class Batcher:
     return await future
 
   async def _dispatch(self, group: _Group) -> None:
-    try:
-      await self._gather_and_run(group)
-    except Exception as e:  # pylint: disable=broad-except  (a speed-up: each builds alone)
-      log.exception("batching failed")
-      self._alone(list(group.waiting), f"batching failed: {e!r}")
-      group.waiting.clear()
-
-  async def _gather_and_run(self, group: _Group) -> None:
+    """Gathers the group's arrivals, then hands them to a task of their own and ends, so that
+    members arriving while that task compiles start the next gathering."""
     loop = asyncio.get_running_loop()
     start = loop.time()
     while True:  # wait while more arrive, up to GATHER_MAX_S
@@ -497,11 +491,17 @@ class Batcher:
         break
     taken = [(m, f) for m, f in group.waiting if not f.done()]
     group.waiting.clear()
+    task = asyncio.ensure_future(self._run_taken_or_alone(group, taken))
+    self._tasks.add(task)
+    task.add_done_callback(self._tasks.discard)
+
+  async def _run_taken_or_alone(self, group: _Group,
+                                taken: list[tuple[Member, asyncio.Future]]) -> None:
     try:
       await self._run_taken(group, taken)
-    except Exception as e:
-      self._alone([pair for pair in taken if not pair[1].done()], f"batching failed: {e!r}")
-      raise
+    except Exception as e:  # pylint: disable=broad-except  (a speed-up: each builds alone)
+      log.exception("batching failed")
+      self._alone(taken, f"batching failed: {e!r}")
 
   async def _run_taken(self, group: _Group, taken: list[tuple[Member, asyncio.Future]]) -> None:
     if len(taken) < 2:
@@ -542,14 +542,14 @@ class Batcher:
     task = asyncio.ensure_future(self._compile(group.cmd, text, "cuda.cu", group.module_id,
                                                files))
     watch = asyncio.ensure_future(_all_done(futures))
-    problem = ""
+    unusable = ""
     try:
       await asyncio.wait([task, watch], return_when=asyncio.FIRST_COMPLETED)
       if not task.done():  # every member gave up (deadline, client gone)
         return
       obj, _ = task.result()
       signature = await self._prefix_signature(group)
-      problem = await asyncio.to_thread(_check, obj, nonce, signature)
+      unusable = await asyncio.to_thread(_check, obj, nonce, signature)
     except compile_procs.ProcessFailed as e:
       culprits = members_in_errors(e.log)
       rest = [pair for i, pair in enumerate(members) if i not in culprits]
@@ -559,20 +559,20 @@ class Batcher:
             _resolve(members[i][1], None, "it does not compile in a batch; built alone")
         await self._run_batch(group, rest, retried=True)
         return
-      problem = "it did not compile: " + e.log[-300:]
+      unusable = "it did not compile: " + e.log[-300:]
     except Exception as e:  # pylint: disable=broad-except  (a speed-up: each builds alone)
       log.exception("batch compile failed to run")
-      problem = repr(e)
+      unusable = repr(e)
     finally:
       watch.cancel()
       if not task.done():
         task.cancel()
-    if problem:
+    if unusable:
       log.info("a batch of %d was not used (%s); its members build alone", len(members),
-               problem[:300])
+               unusable[:300])
       self.stats["failed"] += 1
       for f in futures:
-        _resolve(f, None, "its batch was not used: " + problem[:200])
+        _resolve(f, None, "its batch was not used: " + unusable[:200])
       return
     self.stats["batches"] += 1
     self.stats["batched"] += len(members)

@@ -68,7 +68,7 @@ class Objects:
     lets the host compile read its shared prefix precompiled. `files`: more files it includes,
     by relative path (batch.py). Raises ProcessFailed."""
     split = self._split and filename.endswith(".cu")
-    key = digest("obj", self._fingerprint, cmd, text, split, module_id, files or {})
+    key = digest("obj", self._fingerprint, cmd, text, split, module_id, *([files] if files else []))
     final = self.cache_dir / "obj" / key[:2] / key
     obj = final / (filename + ".o")
     if obj.is_file():
