@@ -19,6 +19,11 @@ it fast (each measured in `benchmarks/verifier_compile.py`):
 5. A content-addressed cache per object file and per linked module (objects.py): a phase-1
    (infilling) problem keeps its C++ scaffold fixed, so across rollouts only `cuda.cu` is ever
    compiled again. The folder is bounded by least-recently-used pruning (cache.py).
+6. cuda.cu sources at the lite tier that compile at the same time (other builds in flight) share
+   one nvcc translation unit, up to `batch_members`, at most one per problem (batch.py): the
+   headers, nearly all of a compile, are parsed once per batch; each member's module is the
+   batch object linked with its own main.o. Refused sources, lone ones and failed batches build
+   alone, as above.
 
 Compilers run as their own process group; a deadline or a cancelled request kills the group.
 `on_progress` receives what the stage is doing (shared one-off builds included), for
