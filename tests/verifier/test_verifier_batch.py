@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-import pathlib
 import subprocess
 import sys
 import textwrap
