@@ -30,6 +30,7 @@ from verifier_service.run import policy
 from verifier_service.run import wire
 from verifier_service.service import config as config_lib
 from verifier_service.trusted import verdict
+from verifier_service.untrusted import probes
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 CPU = torch.device("cpu")
@@ -152,6 +153,21 @@ def test_strict_policy_is_the_old_rule_with_a_configurable_fraction():
   assert policy.findings(policy.STRICT, 0.3, {"compute_ops": {}, "launched": ["k"],
                                               "own_fraction": 0.4, "library": library},
                          _REFERENCE_OPS) == []
+
+
+def test_a_kernel_compiled_for_a_batch_mate_is_rejected_under_both_policies():
+  other = "void dice_0123456789ab_3::fast_kernel(float const*, float*, int)"
+  own = "void dice_0123456789ab_1::my_kernel(float const*, float*, int)"
+  assert probes.foreign_kernels([own, other, "void gemm_kernel<float>()", other],
+                                ["dice_0123456789ab_1"]) == [other]
+  assert probes.foreign_kernels([own], ["dice_0123456789ab_1"]) == []
+  assert probes.foreign_kernels([own], []) == [own]  # built alone: no batch code is its own
+  for name in (policy.DEFAULT, policy.STRICT):
+    assert "FOREIGN_KERNEL" in _findings(name, compute_ops={}, launched=["my_kernel"],
+                                         own_fraction=0.5, foreign_kernels=[other])
+  merged = _merge(_JUDGE_OK, dict(_CAND_OK, evidence=dict(_CAND_OK["evidence"],
+                                                           foreign_kernels=[other])))
+  assert merged["outcome"] == "REJECTED" and merged["message"].startswith("FOREIGN_KERNEL")
 
 
 # ----------------------------------------------------------------------------- merge

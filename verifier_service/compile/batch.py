@@ -23,9 +23,10 @@ Each member keeps the meaning it has alone, and cannot reach another member's pr
   indirect (ifunc) symbols. The other members' code in a member's module is then inert: nothing
   calls it, and only the CUDA runtime knows its kernels, which nobody launches.
 - A batch holds at most one member per problem (the reference it is verified against), so the
-  code a member's module carries besides its own never answers the member's own problem: a
-  candidate that went looking for the other members' kernels in its own module (by symbol or
-  through the CUDA driver) would find only kernels written for other problems.
+  code a member's module carries besides its own never answers the member's own problem; and a
+  candidate that goes looking for the other members' kernels in its own module (by symbol or
+  through the CUDA driver) and launches one is REJECTED with FOREIGN_KERNEL (the kernel profile
+  names every launched kernel; each member's job knows its own namespace).
 - A member's module is the batch object linked with its own main.o; the global names main.o
   needs are bound to the member's namespace with --defsym (compiler.py).
 Whatever fails falls back to the member's own build (the tiers, ending with the source as

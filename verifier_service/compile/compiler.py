@@ -88,6 +88,7 @@ class BuildResult:
   duration_s: float = 0.0
   batch_size: int = 0  # cuda.cu was compiled in a batch of this many candidates (batch.py)
   batch_note: str = ""  # why it was not, when other builds were in flight
+  namespace: str = ""  # the batch namespace its cuda.cu code lives in (batch.py)
 
 
 def _lighter(tier: str) -> bool:
@@ -321,11 +322,11 @@ class Compiler:
       main_obj, main_tier, main_notes, pch_used = tasks[0].result()
       cuda_obj, tier, notes = tasks[1].result() if len(tasks) > 1 else (None, "", {})
       self._report("link", f"linking {ext.name}")
-      batch_size = 0
+      batch_size, namespace = 0, ""
       if isinstance(cuda_obj, batch_lib.Batched):
         so_path, why = await self._link_member(flags, ext, main_obj, cuda_obj)
         if so_path:
-          batch_size = cuda_obj.size
+          batch_size, namespace = cuda_obj.size, cuda_obj.namespace
         else:
           notes["batch"] = why
           try:
@@ -358,7 +359,8 @@ class Compiler:
     self._report("done", f"compiled {ext.name} in {time.monotonic() - start:.1f} s")
     result = BuildResult(ok=True, so_path=so_path, cache_key=key, pch_used=pch_used,
                          header_tier=tier, tier_notes=notes, main_tier=main_tier,
-                         main_notes=main_notes, batch_size=batch_size, batch_note=batch_note)
+                         main_notes=main_notes, batch_size=batch_size, batch_note=batch_note,
+                         namespace=namespace)
     self._write_record(key, result)
     return result
 

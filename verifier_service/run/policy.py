@@ -13,6 +13,8 @@ Evidence (`evidence` dict, from the candidate's process):
   own_fraction  own kernels' share of GPU kernel time (GPU), or of forward's CPU time outside
                 torch's compute ops (CPU test worker); None when not measured
   library       the busiest library kernels, [(name, us)] (GPU)
+  foreign_kernels  kernels it launched that were compiled for another candidate of its compile
+                batch (compile/batch.py): FOREIGN_KERNEL under every policy
 
 Policies (proto `Policy`):
   POLICY_DEFAULT  KernelBench/DICE: correct outputs count if the candidate's own kernels launched
@@ -54,6 +56,10 @@ def findings(policy: str, min_fraction: float, evidence: dict[str, Any],
   found: list[tuple[str, str]] = []
   compute = dict(evidence.get("compute_ops") or {})
   launched = evidence.get("launched")
+  foreign = evidence.get("foreign_kernels") or []
+  if foreign:
+    found.append((enums.FOREIGN_KERNEL, "launched kernels compiled for another candidate: "
+                  + ", ".join(str(n)[:120] for n in foreign[:4])))
   if launched is not None and not launched:
     found.append((enums.NO_CUSTOM_KERNEL_LAUNCHED,
                   "none of the compiled kernels ran during forward: "

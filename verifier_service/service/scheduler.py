@@ -240,7 +240,8 @@ class Scheduler:
     job = {"reference_source": request.reference_source,
            "candidate_source": request.candidate_source,
            "modules": {ext.fingerprint: b.so_path for ext, b in zip(report.extensions, builds)},
-           "kernel_names": report.kernel_names, "options": options.to_json()}
+           "kernel_names": report.kernel_names, "options": options.to_json(),
+           "kernel_namespaces": [b.namespace for b in builds if b.namespace]}
     for attempt in (1, 2):
       verdict.attempts = attempt
       t = time.monotonic()

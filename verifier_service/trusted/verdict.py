@@ -93,6 +93,7 @@ def _untrusted(report: Any) -> dict[str, Any]:
       "compute_ops": {str(k)[:120]: int(v) for k, v in list(compute.items())[:256]
                       if isinstance(v, int)},
       "kernel_names": _strings(raw.get("kernel_names"), 64),
+      "foreign_kernels": _strings(raw.get("foreign_kernels"), 8),
       "note": str(raw.get("note") or "")[:300]}
   error = report.get("error")
   return {"findings": findings, "evidence": evidence if raw else {},

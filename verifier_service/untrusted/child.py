@@ -328,12 +328,13 @@ class CandidateSide:
     self.evidence["compute_ops"] = self.observer.recorder.compute_ops()
     if self.device.type == "cuda":
       if self.job["kernel_names"]:
-        profile = probes.kernel_profile(lambda: self.call(held), self.job["kernel_names"])
+        profile = probes.kernel_profile(lambda: self.call(held), self.job["kernel_names"],
+                                        self.job.get("kernel_namespaces", []))
         if profile["note"]:
           self.evidence["note"] = profile["note"]
         else:
           self.evidence.update(launched=profile["launched"], own_fraction=profile["own_share"],
-                               library=profile["library"])
+                               library=profile["library"], foreign_kernels=profile["foreign"])
     else:  # CPU test worker: the share of forward's CPU time outside torch's compute ops
       recorder = ops.OpRecorder()
       start = time.perf_counter()

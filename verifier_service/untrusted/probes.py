@@ -61,8 +61,19 @@ def aftermath_probe(candidate: Callable[..., Any], inputs: Any, device: torch.de
   return found
 
 
-def kernel_profile(run: Callable[[], Any], kernel_names: list[str]) -> dict[str, Any]:
-  """Launched own kernels, own share of kernel time, and the busiest library kernels (GPU)."""
+_BATCH_KERNEL_RE = re.compile(r"\bdice_[0-9a-f]{12}_\d+::")
+
+
+def foreign_kernels(names: list[str], own_namespaces: list[str]) -> list[str]:
+  """Kernels of a compile batch's namespace (compile/batch.py) that is not the candidate's own."""
+  return [n for n in dict.fromkeys(names) if _BATCH_KERNEL_RE.search(n)
+          and not any(re.search(rf"\b{re.escape(ns)}::", n) for ns in own_namespaces)]
+
+
+def kernel_profile(run: Callable[[], Any], kernel_names: list[str],
+                   own_namespaces: list[str] | None = None) -> dict[str, Any]:
+  """Launched own kernels, own share of kernel time, the busiest library kernels, and kernels
+  compiled for other candidates of its compile batch (GPU)."""
   from torch.profiler import ProfilerActivity, profile  # pylint: disable=import-outside-toplevel
   try:
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -83,7 +94,9 @@ def kernel_profile(run: Callable[[], Any], kernel_names: list[str]) -> dict[str,
   total = own + sum(library.values())
   share = own / total if total > 0 else (1.0 if launched else 0.0)
   top = sorted(library.items(), key=lambda kv: -kv[1])[:3]
-  return {"launched": launched, "own_share": share, "library": top, "note": ""}
+  foreign = foreign_kernels([n for n, _ in kernels], own_namespaces or [])
+  return {"launched": launched, "own_share": share, "library": top, "foreign": foreign,
+          "note": ""}
 
 
 def _same(a: Any, b: Any) -> bool:

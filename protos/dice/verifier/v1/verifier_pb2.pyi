@@ -61,6 +61,7 @@ class Exploit(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     CRASH: _ClassVar[Exploit]
     SANDBOX_VIOLATION: _ClassVar[Exploit]
     DISPATCH_OVERRIDE: _ClassVar[Exploit]
+    FOREIGN_KERNEL: _ClassVar[Exploit]
 
 class Policy(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -110,6 +111,7 @@ HANG: Exploit
 CRASH: Exploit
 SANDBOX_VIOLATION: Exploit
 DISPATCH_OVERRIDE: Exploit
+FOREIGN_KERNEL: Exploit
 POLICY_UNSPECIFIED: Policy
 POLICY_DEFAULT: Policy
 POLICY_STRICT: Policy
