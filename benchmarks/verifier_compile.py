@@ -50,6 +50,7 @@ import textwrap
 import time
 from typing import Callable
 
+from verifier_service.compile import batch as batch_lib
 from verifier_service.compile import checks
 from verifier_service.compile import compiler as compile_lib
 from verifier_service.compile import toolchain as toolchain_lib
@@ -112,8 +113,7 @@ async def burst(compiler: compile_lib.Compiler, exts: list, ids: list[str]
     if result.batch_size:
       tier += f" batch={result.batch_size}"
     elif result.batch_note:
-      notes_batch = result.batch_note[:80]
-      tier += f" alone ({notes_batch})"
+      tier += f" alone ({result.batch_note[:80]})"
     notes = {**result.tier_notes, **result.main_notes}
     print(f"  {ident:>6s} {result.duration_s:6.1f} s  ok={result.ok}  {tier}"
           + (f"  {notes}" if notes else ""), flush=True)
@@ -264,7 +264,7 @@ def main() -> None:
   parser.add_argument("--skip-steady", action="store_true",
                       help="--burst without the burst_steady row (burst_batched is then "
                            "compared with the cold burst)")
-  parser.add_argument("--batch-members", type=int, default=16,
+  parser.add_argument("--batch-members", type=int, default=batch_lib.MAX_MEMBERS,
                       help="the most cuda.cu sources one translation unit holds in the "
                            "burst_batched row (default %(default)s)")
   parser.add_argument("--json", default="", help="also write the rows to this JSON file")

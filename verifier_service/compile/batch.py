@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import itertools
 import logging
 import pathlib
 import re
@@ -47,6 +48,7 @@ import subprocess
 import tempfile
 from typing import Awaitable, Callable
 
+from verifier_service.compile import header_tiers
 from verifier_service.compile import procs as compile_procs
 
 log = logging.getLogger(__name__)
@@ -59,7 +61,7 @@ GATHER_S = 0.15  # a burst's requests arrive within this of each other
 GATHER_MAX_S = 1.0
 MEMBER_FILE = "m{index}/cuda.cu"
 
-_COMMENT_RE = re.compile(r'//[^\n]*|/\*.*?\*/|"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\'', re.S)
+_COMMENT_RE = header_tiers.STRIP_RE  # comments and literals
 _INCLUDE_RE = re.compile(r"^[ \t]*#[ \t]*include[ \t]*[<\"][^>\"\n]+[>\"][ \t]*$")
 _DIRECTIVE_RE = re.compile(r"^[ \t]*#[ \t]*(\w*)(.*)$")
 _TOKEN_RE = re.compile(r"[A-Za-z_]\w*|::|\[\[|[{}()\[\];,=:<>.]|->|\S")
@@ -233,7 +235,7 @@ def _namespace_scope(tokens: list[str]) -> tuple[set[str], set[str], str]:
   # A block-scope extern declaration names an entity of the enclosing namespace.
   for i, tok in enumerate(tokens):
     if tok == "extern":
-      for name in tokens[i + 1:tokens.index(";", i) if ";" in tokens[i:] else len(tokens)]:
+      for name in itertools.takewhile(lambda t: t != ";", tokens[i + 1:]):
         if re.match(r"[A-Za-z_]", name) and name not in _KEYWORDS:
           declared.add(name)
   return declared, used, ""
@@ -327,7 +329,7 @@ def init_signature(obj: str) -> tuple:
   """What loading `obj` runs: per entry of its init/fini arrays, the function's instructions
   (mnemonics) and the symbols they refer to (nvcc's registration of the object's own kernels with
   the CUDA runtime by name only); its .init/.fini sections; its indirect (ifunc) symbols."""
-  functions, by_name = _functions(obj)
+  at, bodies = _functions(obj)
   entries = []
   section = ""
   for line in _tool("readelf", "-rW", obj).splitlines():
@@ -340,24 +342,23 @@ def init_signature(obj: str) -> tuple:
     if not (kind and entry):
       continue
     symbol, addend = entry.group(2), int(entry.group(3), 16)
-    found = (functions.get((symbol, addend)) if symbol.startswith(".")
-             else by_name.get(symbol) if addend == 0 else None)
-    if found is None:
+    name = (at.get((symbol, addend)) if symbol.startswith(".")
+            else symbol if addend == 0 and symbol in bodies else None)
+    if name is None:
       entries.append((kind.group(1), "unknown", symbol, addend))
-    elif "__cudaRegisterAll" in found[0]:
+    elif "__cudaRegisterAll" in name:
       entries.append((kind.group(1), "cuda registration"))
     else:
-      entries.append((kind.group(1), found[1]))
+      entries.append((kind.group(1), _closure(name, bodies)))
   sections = tuple(sorted(re.findall(r"\] (\.(?:init|fini)) ", _tool("readelf", "-SW", obj))))
   ifuncs = tuple(sorted(l.split()[-1] for l in _tool("readelf", "-sW", obj).splitlines()
                         if " IFUNC " in l))
   return tuple(sorted(entries, key=repr)), sections, ifuncs
 
 
-def _functions(obj: str) -> tuple[dict, dict]:
-  """{(section, offset): (name, body)} and {name: (name, body)}: each function's instructions
-  (mnemonics), the functions it calls or jumps to by name, and its relocation targets; no
-  addresses or addends."""
+def _functions(obj: str) -> tuple[dict[tuple[str, int], str], dict[str, tuple[str, ...]]]:
+  """{(section, offset): name} and {name: body}: each function's instructions (mnemonics), the
+  functions it calls or jumps to by name, and its relocation targets; no addresses or addends."""
   functions: dict[tuple[str, int], tuple[str, list[str]]] = {}
   section, body = "", None
   for line in _tool("objdump", "-dr", "--no-show-raw-insn", obj).splitlines():
@@ -382,24 +383,22 @@ def _functions(obj: str) -> tuple[dict, dict]:
     target = re.search(r"<([^>+]+)(?:\+0x[0-9a-f]+)?>", rest)
     if target and rest.split()[0].startswith(("call", "jmp", "bl", "b.")):
       body.append("to " + target.group(1))
-  frozen = {k: (name, tuple(b)) for k, (name, b) in functions.items()}
-  by_name = {v[0]: v for v in frozen.values()}
-  return {k: (v[0], _closure(v[0], by_name)) for k, v in frozen.items()}, {
-      name: (name, _closure(name, by_name)) for name in by_name}
+  return ({k: name for k, (name, _) in functions.items()},
+          {name: tuple(body) for name, body in functions.values()})
 
 
-def _closure(name: str, by_name: dict) -> tuple:
+def _closure(name: str, bodies: dict[str, tuple[str, ...]]) -> tuple:
   """A function's body followed by the bodies of every function of the object it reaches."""
-  seen, bodies, todo = set(), [], [name]
+  seen, reached, todo = set(), [], [name]
   while todo:
     current = todo.pop(0)
-    if current in seen or current not in by_name:
+    if current in seen or current not in bodies:
       continue
     seen.add(current)
-    body = by_name[current][1]
-    bodies.append(body)
-    todo += [line.split(" ", 1)[1] for line in body if line.startswith(("to ", "reloc "))]
-  return tuple(bodies)
+    reached.append(bodies[current])
+    todo += [line.split(" ", 1)[1] for line in bodies[current]
+             if line.startswith(("to ", "reloc "))]
+  return tuple(reached)
 
 
 def undefined_in(obj: str, nonce: str) -> list[str]:

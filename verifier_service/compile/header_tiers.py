@@ -57,7 +57,7 @@ VERSION = 2  # bump when the generated text or the rules change (part of the cac
 _HEAVY_RE = re.compile(r'^[ \t]*#[ \t]*include[ \t]*[<"](torch/extension\.h|torch/torch\.h|'
                        r'torch/types\.h|ATen/ATen\.h)[>"][^\n]*$', re.M)
 _EXTENSION_LEVEL = {"torch/extension.h", "torch/torch.h"}
-_STRIP_RE = re.compile(r'//[^\n]*|/\*.*?\*/|"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\'', re.S)
+STRIP_RE = re.compile(r'//[^\n]*|/\*.*?\*/|"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\'', re.S)
 _IDENT_RE = re.compile(r"[A-Za-z_]\w*")
 _KEYWORDS = {"return", "else", "case", "do", "throw", "new", "delete", "sizeof", "alignof",
              "typeid", "co_return", "co_yield", "co_await", "not", "and", "or", "xor", "goto"}
@@ -130,7 +130,7 @@ def header_text(block: str) -> str:
 
 def code_tokens(cuda_text: str) -> tuple[str, set[str]]:
   """The source without comments and literals, and its identifiers."""
-  code = _STRIP_RE.sub(" ", cuda_text)
+  code = STRIP_RE.sub(" ", cuda_text)
   return code, set(_IDENT_RE.findall(code))
 
 

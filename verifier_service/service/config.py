@@ -14,6 +14,7 @@ from typing import Any
 from dice.verifier.v1 import verifier_pb2 as pb
 
 from verifier_service import enums
+from verifier_service.compile import batch as batch_lib
 from verifier_service.compile import cache as compile_cache
 from verifier_service.compile import toolchain
 from verifier_service.run import job as job_lib
@@ -54,7 +55,7 @@ class ServerConfig:
   light_headers: bool = True
   # cuda.cu sources compiling at the same time share one translation unit, this many at most
   # (compile/batch.py); 0 or 1: each alone.
-  batch_members: int = 16
+  batch_members: int = batch_lib.MAX_MEMBERS
   cpu_test_mode: bool = False  # development only: run C++-only candidates on CPU workers
   auth_token: str | None = None
   metrics_port: int | None = None
