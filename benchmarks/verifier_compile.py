@@ -89,12 +89,25 @@ def naive_build(candidate: str, toolchain: toolchain_lib.Toolchain) -> tuple[flo
     return time.monotonic() - t0, _cpu_children() - cpu0, proc.returncode == 0
 
 
-async def ours(compiler: compile_lib.Compiler, exts: list) -> tuple[float, float, bool, str]:
+def print_steps(result: compile_lib.BuildResult) -> None:
+  """One build's processes, in start order: its critical path can be read off."""
+  print(f"    {result.duration_s:5.1f} s  {result.header_tier or '-'} / {result.main_tier or '-'}",
+        flush=True)
+  for step in sorted(result.steps, key=lambda s: s["start_s"]):
+    queued = f"  (queued {step['queued_s']:.1f} s)" if step["queued_s"] >= 0.05 else ""
+    print(f"      {step['start_s']:5.2f} +{step['wall_s']:5.2f} s  {step['step']}{queued}",
+          flush=True)
+
+
+async def ours(compiler: compile_lib.Compiler, exts: list, steps: bool = False
+               ) -> tuple[float, float, bool, str]:
   """Builds `exts` one after another; total wall and CPU seconds, all ok, the tiers used."""
   cpu0, t0 = _cpu_children(), time.monotonic()
   notes, ok = set(), True
   for ext in exts:
     result = await compiler.build(ext, timeout_s=3600)
+    if steps:
+      print_steps(result)
     ok &= result.ok
     notes.add(f"cuda={result.header_tier or '-'} main={result.main_tier or '-'} "
               f"pch={result.pch_used}")
@@ -209,12 +222,12 @@ async def run(args: argparse.Namespace) -> list[dict]:
       os.symlink(root / "shared" / sub, cache / sub)
     compiler = compile_lib.Compiler(toolchain, cache, max_jobs=args.jobs, **options)
     try:
-      report(name, *await ours(compiler, exts), n=count)
+      report(name, *await ours(compiler, exts, args.steps), n=count)
       if name == "all":
         await compiler.settle()  # the background header of nvcc's last step
-        report("steady", *await ours(compiler, _changed(exts, "steady")), n=count)
+        report("steady", *await ours(compiler, _changed(exts, "steady"), args.steps), n=count)
         changed = _changed(exts, "another rollout", cuda_only=True)
-        report("scaffold_warm", *await ours(compiler, changed), n=count)
+        report("scaffold_warm", *await ours(compiler, changed, args.steps), n=count)
         report("cache_hit", *await ours(compiler, exts), n=count)
     finally:
       await compiler.close()
@@ -267,6 +280,8 @@ def main() -> None:
   parser.add_argument("--batch-members", type=int, default=batch_lib.MAX_MEMBERS,
                       help="the most cuda.cu sources one translation unit holds in the "
                            "burst_batched row (default %(default)s)")
+  parser.add_argument("--steps", action="store_true",
+                      help="print each one-at-a-time build's processes (start, wall, tool)")
   parser.add_argument("--json", default="", help="also write the rows to this JSON file")
   args = parser.parse_args()
   rows = asyncio.run(run(args))

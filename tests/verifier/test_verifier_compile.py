@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import os
 import pathlib
 import re
 import subprocess
@@ -671,3 +672,24 @@ def test_build_result_records_round_trip():
   result = compile_lib.BuildResult(ok=True, header_tier=LITE, tier_notes={TYPES: "x"})
   data = json.loads(json.dumps(dataclasses.asdict(result)))
   assert compile_lib.BuildResult(**data) == result
+
+
+def test_a_build_trace_names_each_process_with_its_start_and_wall_time(tmp_path):
+  """procs.Trace: what a build ran, for reading its critical path (BuildResult.steps)."""
+  runner = compile_procs.ProcessRunner(1, dict(os.environ))
+  trace = compile_procs.Trace()
+
+  async def go():
+    token = compile_procs.STEPS.set(trace)
+    try:
+      await runner.run(["/bin/sh", "-c", "set -e\nexport A=1\nsleep 0.2\ntrue\n"], tmp_path)
+      await runner.run(["sleep", "0.1"], tmp_path, step="named")
+    finally:
+      compile_procs.STEPS.reset(token)
+    await runner.run(["true"], tmp_path)  # untraced
+  asyncio.run(go())
+  assert [s["step"] for s in trace.steps] == ["sleep+true", "named"]
+  first, second = trace.steps
+  assert first["wall_s"] >= 0.2 and second["start_s"] >= first["start_s"] + first["wall_s"] - 0.01
+  assert compile_procs.step_name(["c++", "-c", "main.cpp", "-o", "main.o"]) == "c++ main.cpp"
+  assert compile_procs.step_name(["g++", "a.o", "-o", "/x/ext.so"]) == "g++ ext.so"

@@ -8,6 +8,10 @@ close to the queueing delay plus one build, at the same throughput.
 
 Processes run in their own process group; a cancelled request (deadline, client gone) kills it.
 
+Each process run while a build's `STEPS` trace is set is recorded there (what ran, when it
+started relative to the build, how long it waited for a slot and ran): BuildResult.steps, so a
+build's critical path can be read from its record.
+
 Decision: compilers run at a lower CPU priority (`nice`, default +10) than the server and the GPU
 workers. A burst of candidates keeps every core compiling, and the run stage (a job child's
 Python, its kernel launches, its timed loop) must not queue behind them for CPU: GPU slots stay
@@ -19,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import dataclasses
 import fcntl
 import heapq
 import itertools
@@ -27,11 +32,43 @@ import pathlib
 import shlex
 import shutil
 import signal
+import time
 from typing import AsyncIterator
 
 # Priority of the build the current task works for: lower runs first. Shared artefacts that every
 # build waits for (precompiled header, header environment) run at -1.
 PRIORITY: contextvars.ContextVar[int] = contextvars.ContextVar("compile_priority", default=0)
+
+
+@dataclasses.dataclass
+class Trace:
+  """The processes one build ran: `steps` holds {step, start_s, queued_s, wall_s} dicts, times in
+  seconds from `start`."""
+  start: float = dataclasses.field(default_factory=time.monotonic)
+  steps: list[dict] = dataclasses.field(default_factory=list)
+
+  def add(self, step: str, asked: float, began: float, ended: float) -> None:
+    self.steps.append({"step": step, "start_s": round(began - self.start, 3),
+                       "queued_s": round(began - asked, 3), "wall_s": round(ended - began, 3)})
+
+
+# The trace of the build the current task works for (None: not traced). Tasks a build starts
+# inherit it, so a build's nvcc steps, main.cpp and link all land in one list.
+STEPS: contextvars.ContextVar[Trace | None] = contextvars.ContextVar("compile_steps", default=None)
+
+
+def step_name(argv: list[str]) -> str:
+  """A short name for a compiler process: its tool, or the tools of a shell script's lines."""
+  if len(argv) >= 3 and os.path.basename(argv[0]) == "sh" and argv[1] == "-c":
+    tools = []
+    for line in argv[2].splitlines():
+      words = line.split()
+      if words and words[0] not in ("set", "export"):
+        tools.append(os.path.basename(words[0].strip('"')))
+    return "+".join(tools)
+  name = os.path.basename(argv[0])
+  sources = [os.path.basename(a) for a in argv[1:] if a.endswith((".cpp", ".cu", ".so"))]
+  return " ".join([name] + sources[-1:])
 
 
 class ProcessFailed(Exception):
@@ -89,9 +126,13 @@ class ProcessRunner:
     nice_bin = shutil.which("nice", path=env.get("PATH")) if nice else None
     self._prefix = [nice_bin, "-n", str(nice)] if nice_bin else []
 
-  async def run(self, argv: list[str], cwd: pathlib.Path, echo: bool = True) -> tuple[int, str]:
-    """Return code and combined output; a failure's output starts with the command (`echo`)."""
+  async def run(self, argv: list[str], cwd: pathlib.Path, echo: bool = True,
+                step: str = "") -> tuple[int, str]:
+    """Return code and combined output; a failure's output starts with the command (`echo`).
+    `step` names the process in the build's trace (default: `step_name`)."""
+    asked = time.monotonic()
     async with self._slots.hold(PRIORITY.get()):
+      began = time.monotonic()
       # Shielded: a cancel that lands while the process is being created still reaps it.
       spawn = asyncio.ensure_future(asyncio.create_subprocess_exec(
           *self._prefix, *argv, cwd=cwd, stdout=asyncio.subprocess.PIPE,
@@ -114,6 +155,9 @@ class ProcessRunner:
         with contextlib.suppress(asyncio.TimeoutError):
           await asyncio.wait_for(proc.stdout.read(), 5)
         raise
+      trace = STEPS.get()
+      if trace is not None:
+        trace.add(step or step_name(argv), asked, began, time.monotonic())
     text = output.decode("utf-8", "replace")
     if proc.returncode != 0 and echo:
       text = f"$ {shlex.join(argv)}\n{text}"
