@@ -5,8 +5,9 @@ pass the static checks, each path with a cold cache:
 
 (a) the service: a real gRPC server on loopback started in this process with an empty cache
     folder, `--compile-workers` compiler processes and `--slots-per-gpu` GPU worker slots. Its
-    one-off start-up (worker processes, header tiers, main.cpp's precompiled header) is timed.
-    Then `--latency-candidates` candidates are verified one at a time (cold latency), then a burst
+    one-off start-up (worker processes, header tiers, main.cpp's precompiled header, the probe
+    that warms nvcc's front ends) is timed. Then `--latency-candidates` candidates are verified
+    one at a time (cold latency; each compile's processes are printed), then a burst
     of `--candidates` further candidates is submitted at once and the server's queue schedules
     them (throughput, and latency under that load: each verdict's time since the burst began).
 (b) naive = what KernelBench does: a fresh Python process per candidate, `--naive-parallel` at a
@@ -178,13 +179,26 @@ async def run_service(items: list[dict], latency_items: list[dict], args: argpar
       listen="127.0.0.1:0", cache_dir=cache, compile_workers=args.compile_workers,
       slots_per_gpu=args.slots_per_gpu, queue_capacity=4096,
       gpus=[] if args.no_gpu else ([int(g) for g in args.gpus.split(",")] if args.gpus else None),
-      run_timeout_s=600.0, compile_timeout_s=900.0, batch_members=args.batch_members)
+      run_timeout_s=600.0, compile_timeout_s=900.0, batch_members=args.batch_members,
+      warm_front_ends=not args.no_warm_front_ends)
   started = time.monotonic()
   scheduler = scheduler_lib.Scheduler.create(config, toolchain)
   await scheduler.start()
   server, port, _ = await server_lib.start_server(scheduler)
   await scheduler._warm_up  # pylint: disable=protected-access  # header tiers, precompiled header
+  serving = time.monotonic() - started
+  await scheduler.compiler.settle()  # the start-up probe: warm front ends, host code's header
   startup = time.monotonic() - started
+  print(f"  serving after {serving:.1f} s; front ends warm and host code's header built after "
+        f"{startup:.1f} s", flush=True)
+  builds: list = []  # every build's result, in order: a cold candidate's compile steps
+  build = scheduler.compiler.build
+
+  async def recorded(ext, timeout_s, problem=""):
+    result = await build(ext, timeout_s, problem)
+    builds.append(result)
+    return result
+  scheduler.compiler.build = recorded
   print(f"service start-up (workers, header tiers, precompiled header): {startup:.1f} s",
         flush=True)
   channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}", options=[
@@ -200,12 +214,17 @@ async def run_service(items: list[dict], latency_items: list[dict], args: argpar
   try:
     latencies = []
     for item in latency_items:
+      before = len(builds)
       verdict, seconds = await one(item, "latency", time.monotonic())
       latencies.append(seconds)
       stages = ", ".join(f"{pb.Stage.Name(t.stage).removeprefix('STAGE_').lower()} "
                          f"{t.duration_s:.2f}" for t in verdict.stage_timings)
       print(f"  cold, one at a time: {item['id']}: {seconds:.1f} s "
             f"{pb.Outcome.Name(verdict.outcome)} (stages, s: {stages})", flush=True)
+      for result in builds[before:]:  # the compile's processes: start +wall
+        print("    compile steps: " + ", ".join(
+            f"{s['step']} {s['start_s']:.1f}+{s['wall_s']:.1f}"
+            for s in sorted(result.steps, key=lambda s: s["start_s"])), flush=True)
     cpu0, (busy0, total0) = _cpu_children(), _busy_jiffies()
     start = time.monotonic()
     results = await asyncio.gather(*(one(item, "throughput", start) for item in items))
@@ -214,6 +233,8 @@ async def run_service(items: list[dict], latency_items: list[dict], args: argpar
     busy1, total1 = _busy_jiffies()
     batching = scheduler.compiler.batch_stats()
     print(f"  cuda.cu batching during the burst and before: {batching}", flush=True)
+    print(f"  warm front ends (compile/front_ends.py): {scheduler.compiler.front_end_stats()}",
+          flush=True)
   finally:
     await channel.close()
     await server.stop(grace=1)
@@ -226,6 +247,9 @@ async def run_service(items: list[dict], latency_items: list[dict], args: argpar
           "startup": startup, "compile_s": [_stage(v, pb.STAGE_COMPILE) for v in verdicts],
           "queue_s": [_stage(v, pb.STAGE_QUEUE) for v in verdicts],
           "run_s": [_stage(v, *run_stages) for v in verdicts], "compile_cpu_s": compile_cpu,
+          # time in a GPU slot, process start-up included: what the stages leave of the latency
+          "slot_s": [seconds - _stage(v, pb.STAGE_STATIC_CHECK, pb.STAGE_COMPILE, pb.STAGE_QUEUE)
+                     for v, seconds in results],
           "batching": batching,
           "machine_busy": (busy1 - busy0) / max(1, total1 - total0)}
 
@@ -245,6 +269,12 @@ def _service_report(items: list[dict], service: dict) -> dict:
        "median_compile_stage_s": _median(service["compile_s"]),
        "median_gpu_queue_s": _median(service["queue_s"]),
        "median_run_stage_s": _median(service["run_s"]),
+       "median_slot_s": _median(service["slot_s"]),
+       "first_verdict_s": min(service["loaded_latencies"]),
+       "per_verdict": [{"latency_s": round(t, 2), "compile_s": round(c, 2), "queue_s": round(q, 2),
+                        "run_s": round(r, 2), "slot_s": round(o, 2)} for t, c, q, r, o in zip(
+                            service["loaded_latencies"], service["compile_s"],
+                            service["queue_s"], service["run_s"], service["slot_s"])],
        "verdicts_per_hour": _rate(len(items), service["wall"]),
        "verdicts_per_hour_with_startup": _rate(len(items), service["wall"] + service["startup"]),
        "compile_cpu_s_per_verdict": per_verdict_cpu,
@@ -264,7 +294,9 @@ def _service_report(items: list[dict], service: dict) -> dict:
   print(f"latency under that load: median {s['median_latency_under_load_s']:.1f} s, "
         f"p90 {s['p90_latency_under_load_s']:.1f} s, max {s['max_latency_under_load_s']:.1f} s; "
         f"stages (median): compile {s['median_compile_stage_s']:.1f} s, GPU queue "
-        f"{s['median_gpu_queue_s']:.1f} s, run {s['median_run_stage_s']:.1f} s")
+        f"{s['median_gpu_queue_s']:.1f} s, run {s['median_run_stage_s']:.1f} s (in a GPU slot, "
+        f"process start-up included: {s['median_slot_s']:.1f} s); first verdict after "
+        f"{s['first_verdict_s']:.1f} s")
   print(f"compiler CPU {per_verdict_cpu:.1f} s/verdict (compile-bound at "
         f"{s['compile_bound_verdicts_per_hour']:.0f}/hour on {cores} cores); machine CPU "
         f"{100 * s['machine_cpu_busy']:.0f}% busy during the burst")
@@ -337,6 +369,8 @@ def main() -> None:
                       default=config_lib.ServerConfig().batch_members,
                       help="cuda.cu sources one translation unit holds at most (compile/batch.py; "
                            "1: each alone; default %(default)s)")
+  parser.add_argument("--no-warm-front-ends", action="store_true",
+                      help="do not start nvcc's front ends ahead of time (compile/front_ends.py)")
   parser.add_argument("--gpus", default="", help="GPU indices the service uses, e.g. 0 (default: all)")
   parser.add_argument("--json", default="", help="write every number to this file")
   args = parser.parse_args()

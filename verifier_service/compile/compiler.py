@@ -24,6 +24,12 @@ it fast (each measured in `benchmarks/verifier_compile.py`):
    headers, nearly all of a compile, are parsed once per batch; each member's module is the
    batch object linked with its own main.o. Refused sources, lone ones and failed batches build
    alone, as above.
+7. Warm front ends (front_ends.py, a server's default): one cudafe++ and one cicc per nvcc
+   command, started ahead of time and already through the shared light-tier headers; a compile
+   whose preprocessed input starts with them sends them only the rest. Started and checked by a
+   probe after `warm_up`, which also builds the precompiled host code of point 3.
+
+Each build's processes (start, wait, wall) are recorded in `BuildResult.steps` (procs.Trace).
 
 Compilers run as their own process group; a deadline or a cancelled request kills the group.
 `on_progress` receives what the stage is doing (shared one-off builds included), for
@@ -47,6 +53,7 @@ from verifier_service import singleflight
 from verifier_service.compile import batch as batch_lib
 from verifier_service.compile import buildspec
 from verifier_service.compile import cache as compile_cache
+from verifier_service.compile import front_ends as front_ends_lib
 from verifier_service.compile import header_tiers
 from verifier_service.compile import host_pch
 from verifier_service.compile import objects as objects_lib
@@ -89,6 +96,7 @@ class BuildResult:
   batch_size: int = 0  # cuda.cu was compiled in a batch of this many candidates (batch.py)
   batch_note: str = ""  # why it was not, when other builds were in flight
   namespace: str = ""  # the batch namespace its cuda.cu code lives in (batch.py)
+  steps: list[dict] = dataclasses.field(default_factory=list)  # processes run (procs.Trace)
 
 
 def _lighter(tier: str) -> bool:
@@ -113,7 +121,8 @@ class Compiler:
                max_jobs: int, max_log_bytes: int = 64 << 10, use_pch: bool = True,
                light_headers: bool = True, split_nvcc: bool = True,
                cache_max_bytes: int = compile_cache.DEFAULT_MAX_BYTES, nice: int = 10,
-               main_tiers: bool = True, batch_members: int = batch_lib.MAX_MEMBERS):
+               main_tiers: bool = True, batch_members: int = batch_lib.MAX_MEMBERS,
+               warm_front_ends: bool = False):
     self.toolchain = toolchain
     self.cache_dir = pathlib.Path(cache_dir)
     self.max_jobs = max_jobs
@@ -133,8 +142,13 @@ class Compiler:
                                            toolchain.fingerprint, self._runner, self._report,
                                            self._bound.added)
     host = host_pch.HostHeaders(self._pch) if use_pch else None
+    self._front_ends = front_ends_lib.FrontEnds(
+        self.cache_dir / "tmp", self.cache_dir / "warm", toolchain.build_env(), nice=nice
+    ) if (warm_front_ends and split_nvcc and light_headers) else None
+    self._probe: asyncio.Task | None = None
     self._objects = objects_lib.Objects(self.cache_dir, toolchain.fingerprint, self._runner,
-                                        split_nvcc, host, self._bound.added)
+                                        split_nvcc, host, self._bound.added,
+                                        self._front_ends)
     self._envs = tier_environment.Store(self.cache_dir / "headers", self.cache_dir / "tmp",
                                         toolchain.fingerprint, self._runner.run, self._report,
                                         self._objects.publish)
@@ -196,24 +210,35 @@ class Compiler:
       return dataclasses.replace(record, cache_hit=True, duration_s=time.monotonic() - start)
     self.misses += 1
     priority = compile_procs.PRIORITY.set(next(self._arrivals))
+    trace = compile_procs.Trace(start)
+    traced = compile_procs.STEPS.set(trace)
     try:
       async with asyncio.timeout(timeout_s):
         result = await self._builds.run(key, lambda: self._build(ext, key, problem))
     except TimeoutError:
       return BuildResult(ok=False, timed_out=True, cache_key=key,
                          log=f"compile did not finish within {timeout_s:.1f} s",
-                         duration_s=time.monotonic() - start)
+                         duration_s=time.monotonic() - start, steps=trace.steps)
     finally:
+      compile_procs.STEPS.reset(traced)
       compile_procs.PRIORITY.reset(priority)
-    return dataclasses.replace(result, duration_s=time.monotonic() - start)
+    return dataclasses.replace(result, duration_s=time.monotonic() - start, steps=trace.steps)
 
   async def settle(self) -> None:
-    """Waits for shared header builds in progress, including background ones."""
+    """Waits for shared header builds in progress, including background ones, and for the
+    start-up probe that warms nvcc's front ends."""
+    if self._probe is not None:
+      await asyncio.gather(asyncio.shield(self._probe), return_exceptions=True)
     await self._pch.settle()
 
   async def close(self) -> None:
-    """Cancels shared builds (precompiled headers, header environments) and reaps them."""
+    """Cancels shared builds (precompiled headers, header environments, the start-up probe) and
+    reaps them; kills warm front ends."""
+    if self._probe is not None:
+      self._probe.cancel()
+      await asyncio.gather(self._probe, return_exceptions=True)
     await asyncio.gather(self._pch.close(), self._envs.close(), self._bound.close(),
+                         *([self._front_ends.close()] if self._front_ends else []),
                          return_exceptions=True)
     self._in_use.close()
 
@@ -222,6 +247,10 @@ class Compiler:
     size = compile_cache.tree_size(self.cache_dir)
     entries = sum(1 for _ in (self.cache_dir / "builds").glob("*.json"))
     return {"entries": entries, "hits": self.hits, "misses": self.misses, "size_bytes": size}
+
+  def front_end_stats(self) -> dict[str, int]:
+    """Warm front ends (front_ends.py): ready, claimed, missed, commands switched off."""
+    return self._front_ends.stats() if self._front_ends else {}
 
   def batch_stats(self) -> dict[str, int]:
     """Batched cuda.cu compiles (batch.py): batches, members in them, members built alone."""
@@ -243,10 +272,33 @@ class Compiler:
       env = await self._envs.ensure(self._cxx_argv(flags), header_tiers.BINDING)
       return await self._tier_header(flags, env, LITE) if env and LITE in env.blocks else None
 
-    header, _ = await asyncio.gather(
+    header, env = await asyncio.gather(
         main_header(),
         self._envs.ensure(self._nvcc_argv(flags), "extension") if self.tiers else asyncio.sleep(0))
+    if self._front_ends is not None and env is not None and LITE in env.blocks:
+      self._probe = asyncio.ensure_future(self._warm_probe(probe, flags, env))
     return header.path if header is not None and header.precompiled else None
+
+  async def _warm_probe(self, probe: sources.InlineExtension, flags: buildspec.BuildFlags,
+                        env: header_tiers.Environment) -> None:
+    """In the background after start-up: a trivial cuda.cu compiled twice at the lite tier (new
+    text at each start), so that the first candidates find warm front ends, checked against the
+    usual run (front_ends.py), and the precompiled host code of nvcc's last step (host_pch.py)."""
+    _, cuda_text = buildspec.render_sources(probe)
+    cmd, module_id = self._cuda_command(flags, env, LITE)
+    nonce = os.urandom(8).hex()
+    priority = compile_procs.PRIORITY.set(next(self._arrivals))  # as a build arriving now
+    try:
+      for i in range(2):
+        text = header_tiers.rewrite(
+            f"{cuda_text}\n__global__ void dice_warm_probe_{nonce}_{i}() {{}}\n", LITE)
+        try:
+          await self._objects.compile(cmd, text, "cuda.cu", module_id)
+        except compile_procs.ProcessFailed as e:
+          log.warning("the warm-up probe did not compile at the lite tier:\n%s", e.log[-2000:])
+          return
+    finally:
+      compile_procs.PRIORITY.reset(priority)
 
   async def header_environment(
       self, ext: sources.InlineExtension) -> header_tiers.Environment | None:
@@ -431,10 +483,7 @@ class Compiler:
           header_tiers.types_may_help(lite_log, env)):
         notes[tier] = "not tried: the lite build failed only on names no torch header declares"
         continue
-      extra = [] if tier == ORIGINAL else ["-isystem", str(self._envs.folder(env.key))]
-      cmd = list(flags.nvcc) + list(flags.cuda_cflags) + extra + [
-          "-c", "{src}", "-o", "{out}"] + list(flags.cuda_post_cflags)
-      module_id = None if tier == ORIGINAL else f"_{env.key[:8]}_dice_{env.key[8:24]}"
+      cmd, module_id = self._cuda_command(flags, env, tier)
       if tier == LITE and may_batch and self._batcher is not None and self._building > 1:
         shared = [a for a in cmd if not pch_lib.NAME_DEFINE_RE.match(a)]
         batched, why = await self._batcher.compile(shared, module_id, text, problem)
@@ -449,6 +498,16 @@ class Compiler:
         if tier == LITE:
           lite_log = e.log
     raise AssertionError("plan() always ends with the original source")
+
+  def _cuda_command(self, flags: buildspec.BuildFlags, env: header_tiers.Environment | None,
+                    tier: str) -> tuple[list[str], str | None]:
+    """cuda.cu's nvcc command at `tier` ("{src}", "{out}" to fill) and its module id (a light
+    tier's own, so that every candidate's host code starts alike; None: nvcc's)."""
+    extra = [] if tier == ORIGINAL else ["-isystem", str(self._envs.folder(env.key))]
+    cmd = list(flags.nvcc) + list(flags.cuda_cflags) + extra + [
+        "-c", "{src}", "-o", "{out}"] + list(flags.cuda_post_cflags)
+    module_id = None if tier == ORIGINAL else f"_{env.key[:8]}_dice_{env.key[8:24]}"
+    return cmd, module_id
 
   def _tier_failed(self, env: header_tiers.Environment | None, tier: str,
                    error: compile_procs.ProcessFailed, notes: dict[str, str]) -> None:

@@ -10,6 +10,10 @@ follows, each step exactly as `nvcc --dryrun` prints it. The wall time of a comp
 shorter front end; its CPU time does not change. A dry run of any other shape (relocatable device
 code, a new nvcc) returns None and the caller runs nvcc itself.
 
+The caller may hand the two front-end steps (cudafe++, cicc) to a `front_end` hook
+(front_ends.py: processes that already parsed the shared headers); a hook that answers None leaves
+the step to run here as usual.
+
 The caller may name the module id (an identifier suffix: it names anonymous namespaces, so any
 value unique to the process that loads the module will do; compiler.py uses one per header tier so
 that host_pch.py can precompile what all candidates' host code shares) and may rewrite the host
@@ -90,6 +94,36 @@ def script(plan: Plan, commands: list[str]) -> list[str]:
   return ["/bin/sh", "-c", "set -e\n" + exports + "\n".join(commands) + "\n"]
 
 
+# (command, nvcc's environment, cwd) -> (return code, output) of the step, or None to run it here.
+FrontEndFn = Callable[[str, dict[str, str], pathlib.Path], Awaitable[Optional[tuple[int, str]]]]
+_FRONT_ENDS = ("cudafe++", "cicc")
+
+
+def _is_front_end(command: str) -> bool:
+  try:
+    return shlex.split(command)[0].rsplit("/", 1)[-1] in _FRONT_ENDS
+  except (ValueError, IndexError):
+    return False
+
+
+async def _chain(plan: Plan, commands: list[str], cwd: pathlib.Path, run: RunFn,
+                 front_end: FrontEndFn | None) -> tuple[int, str]:
+  """One chain's commands in order; its front-end step through `front_end` when it takes it."""
+  at = next((i for i, c in enumerate(commands) if _is_front_end(c)), None)
+  if front_end is None or at is None:
+    return await run(script(plan, commands), cwd)
+  output = ""
+  for part, warm in ((commands[:at], False), ([commands[at]], True), (commands[at + 1:], False)):
+    if not part:
+      continue
+    result = await front_end(part[0], plan.env, cwd) if warm else None
+    rc, text = result if result is not None else await run(script(plan, part), cwd)
+    output += text
+    if rc != 0:
+      return rc, output
+  return 0, output
+
+
 # (plan, cwd) -> None, or a host compile command to run instead of plan.final and a function that
 # undoes what was done to the host compile's input for it (called if that command fails).
 PrepareFn = Callable[[Plan, pathlib.Path],
@@ -98,7 +132,8 @@ PrepareFn = Callable[[Plan, pathlib.Path],
 
 async def compile_split(argv: list[str], source_text: str, cwd: pathlib.Path, run: RunFn,
                         module_id: str | None = None,
-                        prepare_final: PrepareFn | None = None) -> tuple[int, str] | None:
+                        prepare_final: PrepareFn | None = None,
+                        front_end: FrontEndFn | None = None) -> tuple[int, str] | None:
   """Runs `argv` (an `nvcc ... -c SRC -o OUT` command, run in `cwd`) as two concurrent chains and
   the host compile. Returns (return code, output) as nvcc would, or None to say "run nvcc
   instead". The module id defaults to one derived from the source."""
@@ -111,13 +146,14 @@ async def compile_split(argv: list[str], source_text: str, cwd: pathlib.Path, ru
     digest = hashlib.sha256(source_text.encode()).hexdigest()
     module_id = f"_{digest[:8]}_dice_{digest[8:24]}"
   (cwd / plan.module_id_file).write_text(module_id)
-  host = asyncio.ensure_future(run(script(plan, plan.host), cwd))
-  device = asyncio.ensure_future(run(script(plan, plan.device), cwd))
+  host = asyncio.ensure_future(_chain(plan, plan.host, cwd, run, front_end))
+  device = asyncio.ensure_future(_chain(plan, plan.device, cwd, run, front_end))
   try:
     done, _ = await asyncio.wait([host, device], return_when=asyncio.FIRST_COMPLETED)
-    if any(task.result()[0] != 0 for task in done):  # no need to finish the other chain
-      for task in (host, device):
-        task.cancel()
+    if host in done and host.result()[0] != 0:
+      device.cancel()  # nvcc stops at the host chain's failure: nothing more to report
+    # A device chain that fails first waits for the host chain, whose failure nvcc would report
+    # (it runs first there): the log and return code do not depend on which chain was faster.
     results = await asyncio.gather(host, device, return_exceptions=True)
   finally:
     for task in (host, device):

@@ -27,6 +27,7 @@ from typing import Callable
 from verifier_service import singleflight
 from verifier_service.compile import buildspec
 from verifier_service.compile import cache as compile_cache
+from verifier_service.compile import front_ends as front_ends_lib
 from verifier_service.compile import host_pch
 from verifier_service.compile import nvcc_split
 from verifier_service.compile import procs as compile_procs
@@ -51,13 +52,15 @@ class Objects:
   def __init__(self, cache_dir: pathlib.Path, fingerprint: str,
                runner: compile_procs.ProcessRunner, split_nvcc: bool,
                host: host_pch.HostHeaders | None,
-               on_publish: Callable[[pathlib.Path], None] = lambda folder: None):
+               on_publish: Callable[[pathlib.Path], None] = lambda folder: None,
+               front_ends: front_ends_lib.FrontEnds | None = None):
     self.cache_dir = cache_dir
     self._fingerprint = fingerprint
     self._runner = runner
     self._split = split_nvcc
     self._host = host
     self._on_publish = on_publish
+    self._front_ends = front_ends
     self._inflight: singleflight.SingleFlight[str] = singleflight.SingleFlight()
 
   async def compile(self, cmd: list[str], text: str, filename: str,
@@ -94,10 +97,12 @@ class Objects:
       result = None
       if split:
         prepare = self._host.prepare if (self._host is not None and module_id) else None
+        # Warm front ends only at a light tier: elsewhere the module id is the source's own.
+        warm = self._front_ends.run if (self._front_ends is not None and module_id) else None
         try:
           result = await nvcc_split.compile_split(
               argv, text, work, lambda a, cwd: self._runner.run(a, cwd, echo=False),
-              module_id=module_id, prepare_final=prepare)
+              module_id=module_id, prepare_final=prepare, front_end=warm)
         except Exception:  # pylint: disable=broad-except  (a speed-up: nvcc itself decides)
           log.exception("split nvcc failed to run; running nvcc as a whole")
           result = None

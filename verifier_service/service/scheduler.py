@@ -96,7 +96,9 @@ class Scheduler:
     compiler = compile_lib.Compiler(toolchain, config.cache_dir, config.compile_workers,
                                     config.max_log_bytes, config.use_pch, config.light_headers,
                                     cache_max_bytes=config.cache_max_bytes,
-                                    batch_members=config.batch_members)
+                                    batch_members=config.batch_members,
+                                    warm_front_ends=(config.warm_front_ends
+                                                     and not config.cpu_test_mode))
     gpus = config.gpus if config.gpus is not None else [g.index for g in toolchain.gpus]
     pool = None
     spec = config.sandbox_spec(toolchain.cuda_root)

@@ -1,0 +1,157 @@
+"""Warm front ends (compile/front_ends.py): cudafe++ and cicc started on the shared headers before
+the candidate exists must write exactly what they write when run as usual. Real nvcc throughout
+(it compiles here; nothing runs on a GPU)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import pathlib
+import signal
+
+import verifier_kernels as kernels
+
+from verifier_service.compile import checks
+from verifier_service.compile import compiler as compile_lib
+from verifier_service.compile import front_ends as front_ends_lib
+from verifier_service.compile import nvcc_split
+from verifier_service.compile import procs as compile_procs
+
+# A header the candidates share: big enough to parse for a while, with a device-side warning
+# (cicc rereads the header's line to print it, while the warm process is still on the prefix).
+_HEADER = """#pragma once
+#include <vector>
+#include <map>
+#include <string>
+#include <cmath>
+#include <cuda_fp16.h>
+constexpr int host_only() { return 3; }
+__host__ __device__ inline int both() { return host_only(); }
+"""
+_BODY = """#include "shared.h"
+__global__ void k(float* x) {{ x[threadIdx.x] = {} + both(); }}
+std::vector<float> keep;
+"""
+
+
+class _Session:
+  """Compiles in one event loop with one FrontEnds, as a server does."""
+
+  def __init__(self, toolchain, root: pathlib.Path):
+    self.toolchain = toolchain
+    self.root = root
+    self.runner = compile_procs.ProcessRunner(2, toolchain.build_env())
+    self.front_ends = front_ends_lib.FrontEnds(root / "scratch", root / "shim",
+                                               toolchain.build_env(), nice=0)
+    (root / "scratch").mkdir()
+
+  async def compile(self, name: str, text: str, warm: bool = True) -> tuple[int, str, bytes]:
+    work = self.root / name
+    work.mkdir()
+    (work / "shared.h").write_text(_HEADER)
+    (work / "k.cu").write_text(text)
+    argv = [self.toolchain.nvcc, "-gencode=arch=compute_90,code=sm_90", "-c", "k.cu", "-o",
+            "k.o"]
+    rc, output = await nvcc_split.compile_split(
+        argv, text, work, lambda a, cwd: self.runner.run(a, cwd, echo=False),
+        module_id="_fixed_dice_id", front_end=self.front_ends.run if warm else None)
+    obj = work / "k.o"
+    return rc, output, obj.read_bytes() if obj.is_file() else b""
+
+
+def test_a_warm_front_end_writes_what_the_usual_one_writes(toolchain, tmp_path):
+  session = _Session(toolchain, tmp_path)
+
+  async def go():
+    try:
+      await session.compile("learn", _BODY.format("1.f"))  # no warm process yet: starts them
+      await session.front_ends.settle()
+      assert session.front_ends.stats()["warm_front_ends"] == 2  # cudafe++ and cicc
+      warm = await session.compile("warm", _BODY.format("2.f"))  # first claim: checked
+      await session.front_ends.settle()
+      broken = await session.compile("warm_broken", _BODY.format("undeclared_name"))
+      plain = await session.compile("plain", _BODY.format("2.f"), warm=False)
+      plain_broken = await session.compile("plain_broken", _BODY.format("undeclared_name"),
+                                           warm=False)
+      return warm, broken, plain, plain_broken, session.front_ends.stats()
+    finally:
+      await session.front_ends.close()
+
+  warm, broken, plain, plain_broken, stats = asyncio.run(go())
+  assert warm[0] == 0 and warm[2], warm[1]
+  assert warm[2] == plain[2]  # the same object, byte for byte
+  assert warm[1] == plain[1]  # and the same printed output (the header's warning included)
+  assert "both" in plain[1] or "host_only" in plain[1], plain[1]  # the warning is there to see
+  assert broken[0] != 0 and broken[0] == plain_broken[0]
+  assert broken[1] == plain_broken[1] and "undeclared_name" in broken[1]
+  assert stats["warm_claimed"] >= 3 and stats["warm_off"] == 0, stats
+  assert not list((tmp_path / "scratch").iterdir())  # every warm folder removed
+
+
+def test_an_input_with_another_prefix_or_a_dead_warm_process_runs_as_usual(toolchain, tmp_path):
+  session = _Session(toolchain, tmp_path)
+  other = "#include <cstdio>\n" + _BODY.format("3.f")  # another first include: another prefix
+
+  async def go():
+    try:
+      await session.compile("learn", _BODY.format("1.f"))
+      await session.front_ends.settle()
+      missed = session.front_ends.missed
+      mismatch = await session.compile("other", other)
+      assert session.front_ends.missed == missed + 2  # both front ends ran as usual
+      await session.front_ends.settle()
+      for pool in session.front_ends._warm.values():  # an operator kills the warm processes
+        for warm in pool:
+          os.killpg(warm.process.pid, signal.SIGKILL)
+          await warm.process.wait()
+      dead = await session.compile("dead", other)
+      plain = await session.compile("plain", other, warm=False)
+      return mismatch, dead, plain
+    finally:
+      await session.front_ends.close()
+
+  mismatch, dead, plain = asyncio.run(go())
+  assert mismatch[0] == dead[0] == plain[0] == 0, (mismatch[1], dead[1])
+  assert mismatch[2] == dead[2] == plain[2]
+
+
+def test_the_header_prefix_ends_where_the_main_file_resumes():
+  text = (b'# 0 "cuda.cu"\n# 0 "<built-in>"\n# 0 "<command-line>"\n# 1 "cuda.cu"\n'
+          b'# 1 "/x/dice_tier_lite.h" 1 3\nint header;\n# 2 "cuda.cu" 2\nint candidate;\n')
+  assert text[front_ends_lib.header_prefix(text):] == b'# 2 "cuda.cu" 2\nint candidate;\n'
+  assert front_ends_lib.header_prefix(b'# 0 "cuda.cu"\n# 1 "cuda.cu"\nint k;\n') == 0
+  assert front_ends_lib.header_prefix(b"int k;\n") == 0
+  cudafe = ('cudafe++ --c++17 --orig_src_path_name "/tmp/w/cuda.cu" --module_id_file_name '
+            '"nvcc-steps/cuda.module_id" "nvcc-steps/cuda.cpp4.ii"')
+  assert front_ends_lib.tool_of(cudafe) == "cudafe++"
+  assert front_ends_lib.input_path(cudafe) == "nvcc-steps/cuda.cpp4.ii"
+  assert front_ends_lib.tool_of('"$CICC_PATH/cicc" --c++17 "a.cpp1.ii" -o "a.ptx"') == "cicc"
+  assert front_ends_lib.tool_of("ptxas -arch=sm_90 a.ptx") is None
+
+
+def test_the_compiler_warms_its_front_ends_at_start_up_and_builds_with_them(toolchain,
+                                                                           tmp_path):
+  """The start-up probe (two lite compiles) leaves checked warm front ends; a candidate then
+  builds through them."""
+  (ext,) = checks.check_candidate(kernels.cuda_candidate(kernels.CUDA_SOURCE, "warmfe")
+                                  ).extensions
+
+  async def go():
+    compiler = compile_lib.Compiler(toolchain, tmp_path / "cache", max_jobs=2,
+                                    warm_front_ends=True)
+    try:
+      await compiler.warm_up()
+      await compiler.settle()
+      after_probe = compiler.front_end_stats()
+      result = await compiler.build(ext, 900)
+      return after_probe, result, compiler.front_end_stats()
+    finally:
+      await compiler.close()
+
+  after_probe, result, stats = asyncio.run(go())
+  assert after_probe["warm_claimed"] == 2 and after_probe["warm_off"] == 0, after_probe
+  assert result.ok and result.header_tier == "lite", result.log
+  assert stats["warm_claimed"] == 4, stats
+  steps = {s["step"] for s in result.steps}
+  assert steps >= {"cudafe++ (warm)", "cicc (warm)"}, result.steps
+  assert any(step.endswith("main.cpp") for step in steps), result.steps  # c++ or g++
