@@ -155,3 +155,29 @@ def test_the_compiler_warms_its_front_ends_at_start_up_and_builds_with_them(tool
   steps = {s["step"] for s in result.steps}
   assert steps >= {"cudafe++ (warm)", "cicc (warm)"}, result.steps
   assert any(step.endswith("main.cpp") for step in steps), result.steps  # c++ or g++
+
+
+def test_a_cancelled_compile_kills_the_warm_process_it_claimed(toolchain, tmp_path):
+  session = _Session(toolchain, tmp_path)
+
+  def ready() -> list:
+    return [w for pool in session.front_ends._warm.values() for w in pool]
+
+  async def go():
+    try:
+      await session.compile("learn", _BODY.format("1.f"))
+      await session.front_ends.settle()
+      waiting = ready()
+      task = asyncio.ensure_future(session.compile("cancelled", _BODY.format("2.f")))
+      while any(w in ready() for w in waiting):  # until both are claimed
+        await asyncio.sleep(0.01)
+      task.cancel()
+      await asyncio.gather(task, return_exceptions=True)
+      return task.cancelled(), [w.process.returncode for w in waiting]
+    finally:
+      await session.front_ends.close()
+
+  cancelled, codes = asyncio.run(go())
+  assert cancelled and len(codes) == 2
+  assert all(code is not None for code in codes), codes  # killed with the compile
+  assert [p.name for p in (tmp_path / "scratch").iterdir()] == []

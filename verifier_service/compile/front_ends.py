@@ -103,7 +103,7 @@ class _Warm:
   pipe: int  # write end
   prefix: bytes
   input: str  # relative path it reads
-  fed: asyncio.Future  # the prefix written
+  fed: asyncio.Future  # the thread writing to the pipe (the prefix, then the rest)
   before: frozenset[str]  # files in the folder that are ours, not the tool's output
 
 
@@ -293,8 +293,10 @@ class FrontEnds:
       staged = warm.folder / (warm.input + ".whole")
       staged.write_bytes(data)
       os.replace(staged, warm.folder / warm.input)  # diagnostics now reread the whole file
-      await warm.fed
-      await asyncio.to_thread(_write_all, warm.pipe, data[len(warm.prefix):])
+      await asyncio.shield(warm.fed)
+      warm.fed = asyncio.ensure_future(asyncio.to_thread(_write_all, warm.pipe,
+                                                         data[len(warm.prefix):]))
+      await asyncio.shield(warm.fed)
       os.close(warm.pipe)
       warm.pipe = -1
       rc = await warm.process.wait()
@@ -317,14 +319,17 @@ class FrontEnds:
     return rc, output
 
   async def _discard(self, warm: _Warm) -> None:
+    """Kills the process, then closes the pipe once no thread writes to it any more (the
+    writer fails at once when the reader is gone; closing first could let it write into
+    whatever file reuses the descriptor)."""
     if warm.process.returncode is None:
       with contextlib.suppress(ProcessLookupError):
         os.killpg(warm.process.pid, signal.SIGKILL)
       await warm.process.wait()
+    await asyncio.gather(asyncio.shield(warm.fed), return_exceptions=True)
     if warm.pipe >= 0:
       os.close(warm.pipe)
       warm.pipe = -1
-    await asyncio.gather(warm.fed, return_exceptions=True)
     shutil.rmtree(warm.folder, ignore_errors=True)
 
   async def _shim_path(self) -> pathlib.Path | None:
