@@ -1,7 +1,7 @@
 """Warm front ends: nvcc's cudafe++ and cicc, started before the candidate on the shared headers.
 
 A lone compile's critical path is nvcc's host front end (cudafe++) and then the host compile
-(benchmarks/verifier_compile.py --steps: on the H200 box cudafe++'s chain is 5.3-6.8 s of a
+(benchmarks/verifier_compile.py --steps: on the H200 box cudafe++'s chain is 4.8-6.8 s of a
 7.4-12.6 s build). Both front ends spend most of that parsing the headers, and at a light tier
 those come first and are the same for every candidate: the preprocessed text up to the line that
 returns to the candidate's own file is byte for byte the same (nvcc_split.py, host_pch.py). The
@@ -29,7 +29,8 @@ Decisions:
 - `depth` warm processes per command (the tool's argv without `--orig_src_path_name`, nvcc's
   environment and the module id; default 1: a second one per command measured no gain on the
   H200 box), for at most `max_commands` commands (the least recently used are killed): each
-  holds a parsed translation unit in memory (about 1.5 GB for torch's lite headers).
+  holds a parsed translation unit in memory (cicc on torch/types.h peaked at 1.5 GB; on the lite tier,
+  less).
 - Warm processes run outside the compiler slot pool (they wait, mostly) at the compilers' nice
   level; parsing the prefix is work the next candidate would otherwise do itself.
 - The preloaded library is compiled once per cache folder with the host's C compiler; if that
