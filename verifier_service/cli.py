@@ -154,7 +154,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="allow listening beyond loopback with neither a token nor mTLS")
   serve.add_argument("--no-warm-front-ends", action="store_true",
                      help="do not start nvcc's front ends ahead of time on the shared headers "
-                          "(they cut a lone compile's latency; each holds up to ~1.5 GB)")
+                          "(on by default with GPUs: they cut a lone compile's latency; each "
+                          "holds up to ~1.5 GB)")
   serve.add_argument("--metrics-port", type=int, default=None,
                      help="serve Prometheus metrics over HTTP on this port")
   serve.add_argument("--policy", choices=sorted(config_lib.POLICIES), default="default",

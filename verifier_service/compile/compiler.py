@@ -24,10 +24,11 @@ it fast (each measured in `benchmarks/verifier_compile.py`):
    headers, nearly all of a compile, are parsed once per batch; each member's module is the
    batch object linked with its own main.o. Refused sources, lone ones and failed batches build
    alone, as above.
-7. Warm front ends (front_ends.py, a server's default): one cudafe++ and one cicc per nvcc
-   command, started ahead of time and already through the shared light-tier headers; a compile
-   whose preprocessed input starts with them sends them only the rest. Started and checked by a
-   probe after `warm_up`, which also builds the precompiled host code of point 3.
+7. Warm front ends (front_ends.py; on by default in a server with GPUs): one cudafe++ and one
+   cicc per nvcc command, started ahead of time and already through the shared light-tier
+   headers; a compile whose preprocessed input starts with them sends them only the rest.
+   Started and checked by a probe after `warm_up`, which also builds the precompiled host code
+   of point 3.
 
 Each build's processes (start, wait, wall) are recorded in `BuildResult.steps` (procs.Trace).
 

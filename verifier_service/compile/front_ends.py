@@ -152,10 +152,14 @@ class FrontEnds:
       pool.remove(warm)
       self._refill(key, command, env, cwd, data)
       began = time.monotonic()
-      if key not in self._checked:
-        result = await self._check(key, warm, command, env, cwd, data)
-      else:
-        result = await self._finish(warm, data, cwd)
+      try:
+        if key not in self._checked:
+          result = await self._check(key, warm, command, env, cwd, data)
+        else:
+          result = await self._finish(warm, data, cwd)
+      except BaseException:  # a cancel can land before _finish starts (inside _check's gather)
+        await self._discard(warm)
+        raise
       trace = compile_procs.STEPS.get()
       if trace is not None:
         trace.add(f"{tool_of(command)} (warm)", began, began, time.monotonic())

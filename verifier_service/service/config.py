@@ -57,7 +57,7 @@ class ServerConfig:
   # (compile/batch.py); 0 or 1: each alone.
   batch_members: int = batch_lib.MAX_MEMBERS
   # nvcc's front ends started ahead of time on the shared headers (compile/front_ends.py), for
-  # a lone compile's latency; never in cpu_test_mode.
+  # a lone compile's latency; only on a server with GPUs, never in cpu_test_mode.
   warm_front_ends: bool = True
   cpu_test_mode: bool = False  # development only: run C++-only candidates on CPU workers
   auth_token: str | None = None
