@@ -41,8 +41,9 @@ class _Session:
     self.toolchain = toolchain
     self.root = root
     self.runner = compile_procs.ProcessRunner(2, toolchain.build_env())
-    self.front_ends = front_ends_lib.FrontEnds(root / "scratch", root / "shim",
-                                               toolchain.build_env(), nice=0)
+    self.front_ends = front_ends_lib.FrontEnds(
+        root / "scratch", root / "shim", toolchain.build_env(),
+        lambda argv, cwd: self.runner.run(argv, cwd, echo=False), nice=0)
     (root / "scratch").mkdir()
 
   async def compile(self, name: str, text: str, warm: bool = True) -> tuple[int, str, bytes]:
@@ -123,10 +124,10 @@ def test_the_header_prefix_ends_where_the_main_file_resumes():
   assert front_ends_lib.header_prefix(b"int k;\n") == 0
   cudafe = ('cudafe++ --c++17 --orig_src_path_name "/tmp/w/cuda.cu" --module_id_file_name '
             '"nvcc-steps/cuda.module_id" "nvcc-steps/cuda.cpp4.ii"')
-  assert front_ends_lib.tool_of(cudafe) == "cudafe++"
+  assert nvcc_split.front_end_tool(cudafe) == "cudafe++"
   assert front_ends_lib.input_path(cudafe) == "nvcc-steps/cuda.cpp4.ii"
-  assert front_ends_lib.tool_of('"$CICC_PATH/cicc" --c++17 "a.cpp1.ii" -o "a.ptx"') == "cicc"
-  assert front_ends_lib.tool_of("ptxas -arch=sm_90 a.ptx") is None
+  assert nvcc_split.front_end_tool('"$CICC_PATH/cicc" --c++17 "a.cpp1.ii" -o "a.ptx"') == "cicc"
+  assert nvcc_split.front_end_tool("ptxas -arch=sm_90 a.ptx") is None
 
 
 def test_the_compiler_warms_its_front_ends_at_start_up_and_builds_with_them(toolchain,

@@ -144,7 +144,8 @@ class Compiler:
                                            self._bound.added)
     host = host_pch.HostHeaders(self._pch) if use_pch else None
     self._front_ends = front_ends_lib.FrontEnds(
-        self.cache_dir / "tmp", self.cache_dir / "warm", toolchain.build_env(), nice=nice
+        self.cache_dir / "tmp", self.cache_dir / "warm", toolchain.build_env(),
+        lambda argv, cwd: self._runner.run(argv, cwd, echo=False), nice=nice
     ) if (warm_front_ends and split_nvcc and light_headers) else None
     self._probe: asyncio.Task | None = None
     self._objects = objects_lib.Objects(self.cache_dir, toolchain.fingerprint, self._runner,

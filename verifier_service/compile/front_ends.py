@@ -29,10 +29,11 @@ Decisions:
 - `depth` warm processes per command (the tool's argv without `--orig_src_path_name`, nvcc's
   environment and the module id; default 1: a second one per command measured no gain on the
   H200 box), for at most `max_commands` commands (the least recently used are killed): each
-  holds a parsed translation unit in memory (cicc on torch/types.h peaked at 1.5 GB; on the lite tier,
-  less).
+  holds a parsed translation unit in memory (cicc on torch/types.h peaked at 1.5 GB; less on
+  the lite tier).
 - Warm processes run outside the compiler slot pool (they wait, mostly) at the compilers' nice
-  level; parsing the prefix is work the next candidate would otherwise do itself.
+  level; parsing the prefix is work the next candidate would otherwise do itself. The usual run
+  of a command's first warm run goes through the compiler pool (`run`).
 - The preloaded library is compiled once per cache folder with the host's C compiler; if that
   fails, warm front ends are off and every compile runs as before.
 """
@@ -53,25 +54,14 @@ import signal
 import tempfile
 import time
 
+from verifier_service.compile import nvcc_split
 from verifier_service.compile import procs as compile_procs
 
 log = logging.getLogger(__name__)
 
 SHIM = pathlib.Path(__file__).with_name("warm_shim.c")
-_TOOLS = ("cudafe++", "cicc")
 _ORIG_PATH_RE = re.compile(r'\s--orig_src_path_name\s+("[^"]*"|\S+)')
-_MODULE_ID_RE = re.compile(r'--module_id_file_name\s+("[^"]*"|\S+)')
 _MAIN_FILE_RE = re.compile(rb'# 0 "([^"\n]+)"\n')
-
-
-def tool_of(command: str) -> str | None:
-  """"cudafe++" or "cicc" for a front-end command of nvcc's dry run, else None."""
-  try:
-    first = shlex.split(command)[0]
-  except (ValueError, IndexError):
-    return None
-  name = first.rsplit("/", 1)[-1]
-  return name if name in _TOOLS else None
 
 
 def input_path(command: str) -> str | None:
@@ -112,10 +102,11 @@ class FrontEnds:
   """Warm cudafe++ and cicc processes; `run` is nvcc_split's `front_end` hook."""
 
   def __init__(self, scratch: pathlib.Path, shim_dir: pathlib.Path, env: dict[str, str],
-               nice: int = 10, depth: int = 1, max_commands: int = 2):
+               run: nvcc_split.RunFn, nice: int = 10, depth: int = 1, max_commands: int = 2):
     self._scratch = scratch
     self._shim_dir = shim_dir
     self._env = env
+    self._run = run  # runs the usual front end of a command's first warm run, to compare
     self._nice = nice
     self._depth = depth
     self._max_commands = max_commands
@@ -135,22 +126,24 @@ class FrontEnds:
     """Finishes `command` (a cudafe++ or cicc step of nvcc's dry run, run in `cwd`) in a warm
     process if one holds the prefix of its input; otherwise starts one for the next input and
     returns None."""
-    rel = input_path(command) if tool_of(command) else None
+    rel = input_path(command) if nvcc_split.front_end_tool(command) else None
     if rel is None:
       return None
-    key = self._key(command, env, cwd)
-    if key is None or key in self._off:
-      return None
+    module_file = nvcc_split.module_id_file(command)
     try:
+      module = (cwd / module_file).read_bytes() if module_file else b""
       data = (cwd / rel).read_bytes()
     except OSError:
+      return None
+    key = _key(command, env, module)
+    if key in self._off:
       return None
     pool = self._warm.get(key, [])
     warm = next((w for w in pool if w.process.returncode is None and data.startswith(w.prefix)),
                 None)
     if warm is not None:
       pool.remove(warm)
-      self._refill(key, command, env, cwd, data)
+      self._refill(key, command, env, module, data)
       began = time.monotonic()
       try:
         if key not in self._checked:
@@ -162,13 +155,14 @@ class FrontEnds:
         raise
       trace = compile_procs.STEPS.get()
       if trace is not None:
-        trace.add(f"{tool_of(command)} (warm)", began, began, time.monotonic())
+        trace.add(f"{nvcc_split.front_end_tool(command)} (warm)", began, began,
+                  time.monotonic())
       return result
     self.missed += 1
     if any(w.process.returncode is not None or not data.startswith(w.prefix) for w in pool):
       stale = self._warm.pop(key, [])  # dead, or parsed a prefix this input does not have:
       await asyncio.gather(*(self._discard(w) for w in stale))  # start over on this input's
-    self._refill(key, command, env, cwd, data)
+    self._refill(key, command, env, module, data)
     return None
 
   async def _check(self, key: str, warm: _Warm, command: str, env: dict[str, str],
@@ -176,12 +170,12 @@ class FrontEnds:
     """A command's first warm run: the tool also runs as usual, in a scratch copy of its inputs,
     and return codes, printed output and every output file must match; if anything differs,
     warm front ends are off for the command and the usual run's result stands."""
-    inputs = [input_path(command), _module_id_file(command)]
+    inputs = [input_path(command), nvcc_split.module_id_file(command)]
     with tempfile.TemporaryDirectory(dir=self._scratch, prefix="warm-check-") as scratch:
       cold, hot = pathlib.Path(scratch) / "plain", pathlib.Path(scratch) / "warm"
       for folder in (cold, hot):
         _copy_inputs(cwd, folder, inputs)
-      plain, result = await asyncio.gather(_run_plain(command, env, cold, self._env),
+      plain, result = await asyncio.gather(self._run(nvcc_split.shell(env, [command]), cold),
                                            self._finish(warm, data, hot))
       same = result == plain and _outputs(cold, inputs) == _outputs(hot, inputs)
       chosen = hot if same else cold
@@ -192,7 +186,8 @@ class FrontEnds:
       self._checked.add(key)
     else:
       self._off[key] = "its first warm run's outputs differed from the usual run's"
-      log.warning("warm front ends off for a %s command: %s", tool_of(command), self._off[key])
+      log.warning("warm front ends off for a %s command: %s",
+                  nvcc_split.front_end_tool(command), self._off[key])
     return plain
 
   async def settle(self) -> None:
@@ -219,30 +214,24 @@ class FrontEnds:
 
   # ------------------------------------------------------------------ processes
 
-  def _key(self, command: str, env: dict[str, str], cwd: pathlib.Path) -> str | None:
-    module_id = _module_id_file(command)
-    try:
-      module = (cwd / module_id).read_text() if module_id else ""
-    except OSError:
-      return None
-    plain = _ORIG_PATH_RE.sub("", command)
-    return hashlib.sha256(repr((plain, sorted(env.items()), module)).encode()).hexdigest()
-
-  def _refill(self, key: str, command: str, env: dict[str, str], cwd: pathlib.Path,
+  def _refill(self, key: str, command: str, env: dict[str, str], module: bytes,
               data: bytes) -> None:
-    """Starts warm processes for `key` in the background, up to `depth` ready or starting."""
-    if header_prefix(data) == 0:
+    """Starts warm processes for `key` in the background, up to `depth` ready or starting, on
+    the header prefix of `data` (an input of the command) and the module id `module` (read now:
+    the build's folder may be gone by the time they start)."""
+    cut = header_prefix(data)
+    if cut == 0:
       return
     for _ in range(self._depth - len(self._warm.get(key, [])) - self._starting.get(key, 0)):
       self._starting[key] = self._starting.get(key, 0) + 1
-      task = asyncio.ensure_future(self._add(key, command, env, cwd, data))
+      task = asyncio.ensure_future(self._add(key, command, env, module, data[:cut]))
       self._tasks.add(task)
       task.add_done_callback(self._tasks.discard)
 
-  async def _add(self, key: str, command: str, env: dict[str, str], cwd: pathlib.Path,
-                 data: bytes) -> None:
+  async def _add(self, key: str, command: str, env: dict[str, str], module: bytes,
+                 prefix: bytes) -> None:
     try:
-      warm = await self._start(key, command, env, cwd, data)
+      warm = await self._start(command, env, module, prefix)
     finally:
       self._starting[key] -= 1
     if warm is None:
@@ -252,19 +241,19 @@ class FrontEnds:
       oldest = next(iter(self._warm))
       await asyncio.gather(*(self._discard(w) for w in self._warm.pop(oldest)))
 
-  async def _start(self, key: str, command: str, env: dict[str, str], cwd: pathlib.Path,
-                   data: bytes) -> _Warm | None:
-    """A process running `command` in a fresh folder that has read the header prefix of `data`
-    (its input) from a pipe and waits for the rest."""
-    cut = header_prefix(data)
+  async def _start(self, command: str, env: dict[str, str], module: bytes,
+                   prefix: bytes) -> _Warm | None:
+    """A process running `command` in a fresh folder that has read `prefix` from a pipe and
+    waits for the rest of its input."""
     shim = await self._shim_path()
-    if cut == 0 or shim is None:
+    if shim is None:
       return None
     rel = input_path(command)
-    prefix = data[:cut]
     folder = pathlib.Path(tempfile.mkdtemp(prefix="warm-", dir=self._scratch))
-    module_id = _module_id_file(command)
-    _copy_inputs(cwd, folder, [module_id] if module_id else [])
+    module_file = nvcc_split.module_id_file(command)
+    if module_file:
+      (folder / module_file).parent.mkdir(parents=True, exist_ok=True)
+      (folder / module_file).write_bytes(module)
     (folder / rel).parent.mkdir(parents=True, exist_ok=True)
     (folder / rel).write_bytes(prefix)  # for diagnostics that reread header lines meanwhile
     before = frozenset(_files(folder))
@@ -276,7 +265,8 @@ class FrontEnds:
     try:
       with open(folder / ".warm-output", "wb") as output:
         process = await asyncio.create_subprocess_exec(
-            *_nice(self._nice), "/bin/sh", "-c", _script(env, warm_command), cwd=folder,
+            *compile_procs.nice_prefix(self._nice, self._env),
+            *nvcc_split.shell(env, ["exec " + warm_command]), cwd=folder,
             stdin=asyncio.subprocess.DEVNULL, stdout=output, stderr=asyncio.subprocess.STDOUT,
             env=child_env, pass_fds=(read_end,), start_new_session=True)
     except BaseException as e:  # the pipe closed, a process that did start reads to its end
@@ -370,9 +360,11 @@ async def _build_shim(folder: pathlib.Path, env: dict[str, str]) -> pathlib.Path
   return target
 
 
-def _module_id_file(command: str) -> str:
-  match = _MODULE_ID_RE.search(command)
-  return match.group(1).strip('"') if match else ""
+def _key(command: str, env: dict[str, str], module: bytes) -> str:
+  """What a warm process must share with an input's command: its argv but the source path,
+  nvcc's environment and the module id."""
+  plain = _ORIG_PATH_RE.sub("", command)
+  return hashlib.sha256(repr((plain, sorted(env.items()), module)).encode()).hexdigest()
 
 
 def _copy_inputs(src: pathlib.Path, dst: pathlib.Path, names: list[str]) -> None:
@@ -389,32 +381,6 @@ def _files(folder: pathlib.Path) -> set[str]:
 def _outputs(folder: pathlib.Path, inputs: list[str]) -> dict[str, bytes]:
   """The files a front end wrote in `folder`: everything but its inputs."""
   return {name: (folder / name).read_bytes() for name in _files(folder) - set(inputs)}
-
-
-def _nice(level: int) -> list[str]:
-  nice = shutil.which("nice") if level else None
-  return [nice, "-n", str(level)] if nice else []
-
-
-def _script(env: dict[str, str], command: str) -> str:
-  exports = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in sorted(env.items()))
-  return "set -e\n" + exports + "exec " + command + "\n"
-
-
-async def _run_plain(command: str, env: dict[str, str], cwd: pathlib.Path,
-                     base_env: dict[str, str]) -> tuple[int, str]:
-  process = await asyncio.create_subprocess_exec(
-      "/bin/sh", "-c", _script(env, command), cwd=cwd, stdin=asyncio.subprocess.DEVNULL,
-      stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, env=base_env,
-      start_new_session=True)
-  try:
-    output, _ = await process.communicate()
-  except BaseException:
-    with contextlib.suppress(ProcessLookupError):
-      os.killpg(process.pid, signal.SIGKILL)
-    await process.wait()
-    raise
-  return process.returncode, output.decode(errors="replace")
 
 
 def _write_all(fd: int, data: bytes) -> None:

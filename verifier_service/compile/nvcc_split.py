@@ -38,6 +38,7 @@ _ENV_RE = re.compile(r"^#\$ ([A-Za-z_]\w*)=(.*)$")
 _VAR_RE = re.compile(r"\$\{?([A-Za-z_]\w*)")
 _GEN_MODULE_ID = "--gen_module_id_file"
 _MODULE_ID_RE = re.compile(r'--module_id_file_name\s+"?([^"\s]+)"?')
+_FRONT_ENDS = ("cudafe++", "cicc")
 
 
 @dataclasses.dataclass
@@ -90,26 +91,36 @@ def parse_dryrun(text: str) -> Plan | None:
 
 def script(plan: Plan, commands: list[str]) -> list[str]:
   """argv running `commands` with the dry run's environment variables (one shell, set -e)."""
-  exports = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in sorted(plan.env.items()))
+  return shell(plan.env, commands)
+
+
+def shell(env: dict[str, str], commands: list[str]) -> list[str]:
+  """argv running `commands` in one shell (set -e) with `env` exported."""
+  exports = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in sorted(env.items()))
   return ["/bin/sh", "-c", "set -e\n" + exports + "\n".join(commands) + "\n"]
+
+
+def front_end_tool(command: str) -> str | None:
+  """"cudafe++" or "cicc" for a front-end step of the dry run, else None."""
+  try:
+    name = shlex.split(command)[0].rsplit("/", 1)[-1]
+  except (ValueError, IndexError):
+    return None
+  return name if name in _FRONT_ENDS else None
+
+
+def module_id_file(command: str) -> str:
+  """The module id file a cudafe++ or cicc step names ("" if none)."""
+  match = _MODULE_ID_RE.search(command)
+  return match.group(1) if match else ""
 
 
 # (command, nvcc's environment, cwd) -> (return code, output) of the step, or None to run it here.
 FrontEndFn = Callable[[str, dict[str, str], pathlib.Path], Awaitable[Optional[tuple[int, str]]]]
-_FRONT_ENDS = ("cudafe++", "cicc")
-
-
-def _is_front_end(command: str) -> bool:
-  try:
-    return shlex.split(command)[0].rsplit("/", 1)[-1] in _FRONT_ENDS
-  except (ValueError, IndexError):
-    return False
-
-
 async def _chain(plan: Plan, commands: list[str], cwd: pathlib.Path, run: RunFn,
                  front_end: FrontEndFn | None) -> tuple[int, str]:
   """One chain's commands in order; its front-end step through `front_end` when it takes it."""
-  at = next((i for i, c in enumerate(commands) if _is_front_end(c)), None)
+  at = next((i for i, c in enumerate(commands) if front_end_tool(c)), None)
   if front_end is None or at is None:
     return await run(script(plan, commands), cwd)
   output = ""

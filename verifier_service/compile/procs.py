@@ -116,6 +116,12 @@ class Slots:
     self._free += 1
 
 
+def nice_prefix(level: int, env: dict[str, str]) -> list[str]:
+  """argv prefix running a command at `level` (none if 0 or `nice` is not on env's PATH)."""
+  nice = shutil.which("nice", path=env.get("PATH")) if level else None
+  return [nice, "-n", str(level)] if nice else []
+
+
 class ProcessRunner:
   """Runs compiler processes within the slot pool."""
 
@@ -123,8 +129,7 @@ class ProcessRunner:
     self.max_jobs = max_jobs
     self._env = env
     self._slots = Slots(max_jobs)
-    nice_bin = shutil.which("nice", path=env.get("PATH")) if nice else None
-    self._prefix = [nice_bin, "-n", str(nice)] if nice_bin else []
+    self._prefix = nice_prefix(nice, env)
 
   async def run(self, argv: list[str], cwd: pathlib.Path, echo: bool = True,
                 step: str = "") -> tuple[int, str]:
