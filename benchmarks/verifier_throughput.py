@@ -225,12 +225,14 @@ async def run_service(items: list[dict], latency_items: list[dict], args: argpar
         print("    compile steps: " + ", ".join(
             f"{s['step']} {s['start_s']:.1f}+{s['wall_s']:.1f}"
             for s in sorted(result.steps, key=lambda s: s["start_s"])), flush=True)
+    parts0 = _worker_parts(scheduler)
     cpu0, (busy0, total0) = _cpu_children(), _busy_jiffies()
     start = time.monotonic()
     results = await asyncio.gather(*(one(item, "throughput", start) for item in items))
     wall = time.monotonic() - start
     compile_cpu = _cpu_children() - cpu0
     busy1, total1 = _busy_jiffies()
+    parts1 = _worker_parts(scheduler)
     batching = scheduler.compiler.batch_stats()
     print(f"  cuda.cu batching during the burst and before: {batching}", flush=True)
     print(f"  warm front ends (compile/front_ends.py): {scheduler.compiler.front_end_stats()}",
@@ -251,7 +253,34 @@ async def run_service(items: list[dict], latency_items: list[dict], args: argpar
           "slot_s": [seconds - _stage(v, pb.STAGE_STATIC_CHECK, pb.STAGE_COMPILE, pb.STAGE_QUEUE)
                      for v, seconds in results],
           "batching": batching,
+          "worker_parts_s": {part: round((total - parts0.get(part, (0.0, 0))[0]) / max(
+              1, count - parts0.get(part, (0.0, 0))[1]), 3) for part, (total, count) in
+                             parts1.items()},
+          "timing_s": [_stage(v, pb.STAGE_TIMING) for v in verdicts],
+          "lock_wait_s": [_lock_wait(v) for v in verdicts],
           "machine_busy": (busy1 - busy0) / max(1, total1 - total0)}
+
+
+def _worker_parts(scheduler: scheduler_lib.Scheduler) -> dict[str, tuple[float, int]]:
+  """(seconds, jobs) so far per part of a GPU slot's job (the dice_verifier_worker_seconds
+  histogram: run/worker.py `_timings`)."""
+  parts = {}
+  for metric in scheduler.metrics.worker_seconds.collect():
+    sums = {s.labels["part"]: s.value for s in metric.samples if s.name.endswith("_sum")}
+    counts = {s.labels["part"]: int(s.value) for s in metric.samples if s.name.endswith("_count")}
+    parts.update({part: (sums[part], counts.get(part, 0)) for part in sums})
+  return parts
+
+
+def _lock_wait(verdict: pb.Verdict) -> float:
+  """Seconds the judge waited for the GPU's timing lock ("held (waited 1.23 s); on cpu 15")."""
+  text = verdict.environment.timing_lock
+  if "waited " not in text:
+    return 0.0
+  try:
+    return float(text.split("waited ", 1)[1].split(" ", 1)[0])
+  except ValueError:
+    return 0.0
 
 
 def _rate(n: int, seconds: float) -> float:
@@ -271,6 +300,11 @@ def _service_report(items: list[dict], service: dict) -> dict:
        "median_run_stage_s": _median(service["run_s"]),
        "median_slot_s": _median(service["slot_s"]),
        "first_verdict_s": min(service["loaded_latencies"]),
+       "worker_parts_mean_s": service["worker_parts_s"],
+       # the GPU's timing lock: held during each verdict's timing stage, one job at a time
+       "timing_lock_busy": sum(service["timing_s"]) / service["wall"] if service["wall"] else 0.0,
+       "median_timing_stage_s": _median(service["timing_s"]),
+       "median_lock_wait_s": _median(service["lock_wait_s"]),
        "per_verdict": [{"latency_s": round(t, 2), "compile_s": round(c, 2), "queue_s": round(q, 2),
                         "run_s": round(r, 2), "slot_s": round(o, 2)} for t, c, q, r, o in zip(
                             service["loaded_latencies"], service["compile_s"],
@@ -297,6 +331,11 @@ def _service_report(items: list[dict], service: dict) -> dict:
         f"{s['median_gpu_queue_s']:.1f} s, run {s['median_run_stage_s']:.1f} s (in a GPU slot, "
         f"process start-up included: {s['median_slot_s']:.1f} s); first verdict after "
         f"{s['first_verdict_s']:.1f} s")
+  print("a GPU slot's job, mean seconds per part over the burst: "
+        + ", ".join(f"{k} {v:.2f}" for k, v in sorted(s["worker_parts_mean_s"].items())))
+  print(f"timing stage: median {s['median_timing_stage_s']:.2f} s, the GPU's timing lock held "
+        f"{100 * s['timing_lock_busy']:.0f}% of the burst; median wait for it "
+        f"{s['median_lock_wait_s']:.2f} s")
   print(f"compiler CPU {per_verdict_cpu:.1f} s/verdict (compile-bound at "
         f"{s['compile_bound_verdicts_per_hour']:.0f}/hour on {cores} cores); machine CPU "
         f"{100 * s['machine_cpu_busy']:.0f}% busy during the burst")

@@ -82,3 +82,30 @@ def test_the_timing_core_binds_the_thread_and_gives_its_cpu_set_back():
   with timing.on_core(missing) as where:
     assert where.startswith(f"not bound to cpu {missing}: ")
     assert os.sched_getaffinity(0) == before
+
+
+def test_a_lock_handed_over_at_once_shortens_the_warm_up_and_one_that_idled_does_not(tmp_path):
+  """The warm-up under the lock (GpuLock.warmup_s): short only when another holder released it
+  moments ago (the GPU was timing until then), full after an idle gap or on a fresh lock."""
+  path = str(tmp_path / "gpu-w.lock")
+  lock = timing.GpuLock(path)
+  with lock.held() as state:
+    assert state == "held" and lock.warmup_s() == timing.WARMUP_S  # nobody released it before
+  first = _holder(path, 0.3)  # another process holds it, then releases it
+  with lock.held(wait_s=10) as state:
+    assert lock.handover_s is not None and lock.handover_s < timing.HANDOVER_S
+    assert lock.warmup_s() == timing.HANDOVER_WARMUP_S
+    assert state.startswith("held (waited ") and "handed over after" in state
+  first.wait()
+  time.sleep(timing.HANDOVER_S * 2)
+  with lock.held() as state:
+    assert state == "held" and lock.warmup_s() == timing.WARMUP_S
+  assert lock.warmup_s() == timing.WARMUP_S  # not held
+
+
+def test_warm_up_runs_for_its_minimum_calls_and_seconds():
+  calls = []
+  start = time.perf_counter()
+  n = timing.warm_up(lambda: calls.append(time.sleep(0.001)), min_s=0.05)
+  assert n == len(calls) >= timing.WARMUP_CALLS and time.perf_counter() - start >= 0.05
+  assert timing.warm_up(lambda: None, min_s=0.0) == timing.WARMUP_CALLS

@@ -32,8 +32,34 @@ def verify(srv, call: str, request_id: str | None = None, candidate: str | None 
   return srv.stub().Verify(req, timeout=900)
 
 
+def _worker_seconds(srv) -> dict[str, tuple[float, float]]:
+  """(sum, count) per part of the dice_verifier_worker_seconds histogram."""
+  registry = srv.scheduler.metrics.registry
+  parts = ("slot", "total", "fork", "judge_start", "judge_run", "exit", "judge_exit",
+           "candidate_exit", "merge", "cleanup", "stage_modules")
+  return {p: (registry.get_sample_value("dice_verifier_worker_seconds_sum", {"part": p}) or 0.0,
+              registry.get_sample_value("dice_verifier_worker_seconds_count", {"part": p}) or 0.0)
+          for p in parts}
+
+
 def test_correct_candidate_passes_every_trial_and_is_timed(cpu_server):
+  before = _worker_seconds(cpu_server)
   verdict = verify(cpu_server, "scaled_add")
+  # Where the slot's time went (run/worker._timings), one observation per part for this job; the
+  # parts lie inside the job's total and the total inside the slot's round trip.
+  after = _worker_seconds(cpu_server)
+  seconds = {p: after[p][0] - before[p][0] for p in after}
+  assert all(after[p][1] - before[p][1] == 1 for p in after), (before, after)
+  assert 0 < seconds["judge_run"] < seconds["total"] <= seconds["slot"]
+  assert seconds["fork"] + seconds["judge_start"] + seconds["judge_run"] + seconds["exit"] <= (
+      seconds["total"])
+  assert max(seconds["judge_exit"], seconds["candidate_exit"]) <= seconds["exit"]
+  # The judge's parts of its timing stage and after (trusted/judge.Judge.part).
+  registry = cpu_server.scheduler.metrics.registry
+  judged = {p: registry.get_sample_value("dice_verifier_worker_seconds_count", {"part": p}) or 0
+            for p in ("timing_setup", "timing_warmup", "timing_calls", "timing_lock_wait",
+                      "profile")}
+  assert all(n >= 1 for n in judged.values()), judged
   assert verdict.outcome == pb.OK, verdict.message
   assert verdict.stage == pb.STAGE_DONE
   assert len(verdict.trials) == 5 and all(t.passed for t in verdict.trials)
@@ -158,6 +184,37 @@ def test_dead_worker_is_replaced_and_the_request_retried_once(cpu_server):
     verdict = future.result()
   assert verdict.outcome == pb.OK, verdict.message
   assert verdict.attempts == 2
+
+
+def test_the_retry_waits_for_every_slot_of_its_device_and_gets_their_memory(cpu_server):
+  """An INFRA_ERROR's retry runs alone on its device (pool.WorkerPool.run, exclusive): it takes
+  the device's slots as they come free, and only once it holds all of them does it run, with
+  every slot's share of the GPU memory (worker._scaled)."""
+  import asyncio  # pylint: disable=import-outside-toplevel
+  pool = cpu_server.scheduler.pool
+  assert len(pool.slots) == 2
+
+  async def scenario():
+    busy = await pool._idle.get()  # pylint: disable=protected-access  # a job holds one slot
+    take = asyncio.ensure_future(pool._take_device())  # pylint: disable=protected-access
+    await asyncio.sleep(0.3)
+    waiting = not take.done()
+    pool._idle.put_nowait(busy)  # pylint: disable=protected-access  # that job ends
+    held = await asyncio.wait_for(take, 10)
+    for slot in held:
+      pool._idle.put_nowait(slot)  # pylint: disable=protected-access
+    return waiting, held
+
+  waiting, held = cpu_server.call(scenario())
+  assert waiting and sorted(s.name for s in held) == ["cpu/0", "cpu/1"]
+  from verifier_service.run import worker  # pylint: disable=import-outside-toplevel
+  spec = {"enabled": True, "gpu_memory_fraction": 0.1125, "judge_gpu_memory_fraction": 0.1125}
+  assert worker._scaled(spec, 4) == dict(  # pylint: disable=protected-access
+      spec, gpu_memory_fraction=0.45, judge_gpu_memory_fraction=0.45)
+  assert worker._scaled(spec, 16)["judge_gpu_memory_fraction"] == 0.9  # pylint: disable=protected-access
+  assert worker._scaled(spec, 1) is spec and worker._scaled(spec, "4") is spec  # pylint: disable=protected-access
+  # A real job still runs on the pool afterwards: every slot was handed back.
+  assert verify(cpu_server, "scaled_add").outcome == pb.OK
 
 
 def test_monkey_patching_torch_is_rejected(cpu_server):

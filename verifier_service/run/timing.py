@@ -59,6 +59,10 @@ import torch
 
 WARMUP_CALLS = 3  # at least, and for at least WARMUP_S: a GPU that idled runs slower at first
 WARMUP_S = 0.2
+# A judge that takes the timing lock within HANDOVER_S of another judge's release finds a GPU that
+# was timing until then, not one that idled: it warms up for HANDOVER_WARMUP_S (and WARMUP_CALLS).
+HANDOVER_S = 0.1
+HANDOVER_WARMUP_S = 0.02
 LOCK_WAIT_S = 60.0
 LOCK_DIR = os.path.join(tempfile.gettempdir(), "dice-verifier-gpu-locks")
 
@@ -103,13 +107,14 @@ def on_core(core: int | None) -> Iterator[str]:
       os.sched_setaffinity(0, previous)
 
 
-def warm_up(fn: Callable[[], Any], max_calls: int = 10_000) -> int:
+def warm_up(fn: Callable[[], Any], max_calls: int = 10_000, min_s: float = WARMUP_S) -> int:
   """Calls `fn` (which waits for its own work) at least WARMUP_CALLS times and for at least
-  WARMUP_S seconds; returns the number of calls. Time-based, as triton's do_bench warms up: after
+  `min_s` seconds; returns the number of calls. Time-based, as triton's do_bench warms up: after
   the idle gaps between jobs the GPU's first calls ran up to 1.4x slower (H200, 2026-12-01,
-  benchmarks/verifier_timing_env.py), and three calls did not cover that."""
+  benchmarks/verifier_timing_env.py), and three calls did not cover that. Without an idle gap
+  (`GpuLock.warmup_s`) `min_s` is HANDOVER_WARMUP_S."""
   start, calls = time.perf_counter(), 0
-  while calls < max_calls and (calls < WARMUP_CALLS or time.perf_counter() - start < WARMUP_S):
+  while calls < max_calls and (calls < WARMUP_CALLS or time.perf_counter() - start < min_s):
     fn()
     calls += 1
   return calls
@@ -161,6 +166,7 @@ class GpuLock:
   def __init__(self, path: str | None, state: str = "off (not a GPU)"):
     self.fd: int | None = None
     self.state = state
+    self.handover_s: float | None = None  # while held: seconds since the previous holder let go
     if path is None:
       return
     try:
@@ -197,6 +203,34 @@ class GpuLock:
         time.sleep(0.005)
     try:
       waited = time.monotonic() - start
-      yield f"held (waited {waited:.2f} s)" if waited >= 0.01 else "held"
+      self.handover_s = self._since_release()
+      notes = [f"waited {waited:.2f} s"] if waited >= 0.01 else []
+      if self.handover_s is not None and self.handover_s < HANDOVER_S:
+        notes.append(f"handed over after {self.handover_s:.3f} s: "
+                     f"warm-up {HANDOVER_WARMUP_S:g} s")
+      yield f"held ({'; '.join(notes)})" if notes else "held"
     finally:
+      self.handover_s = None
+      with contextlib.suppress(OSError):  # the release time, for the next holder (`warmup_s`)
+        os.pwrite(self.fd, f"{time.monotonic():<31.6f}\n".encode(), 0)
       fcntl.flock(self.fd, fcntl.LOCK_UN)
+
+  def _since_release(self) -> float | None:
+    """Seconds since the previous holder released the lock (CLOCK_MONOTONIC, which every process
+    of the host shares); None when no holder ever released it (or one died holding it)."""
+    try:
+      released = float(os.pread(self.fd, 64, 0).decode())
+    except (OSError, ValueError, UnicodeDecodeError):
+      return None
+    since = time.monotonic() - released
+    return since if since >= 0 else None
+
+  def warmup_s(self) -> float:
+    """How long to warm up under the lock: HANDOVER_WARMUP_S when the previous holder released it
+    under HANDOVER_S ago (the GPU was busy timing until then), else WARMUP_S.
+
+    Decision (issue 16): with several slots per GPU, timing stages queue for the lock back to back,
+    and 2 x WARMUP_S per job was about half of each one's time holding it."""
+    if self.handover_s is not None and self.handover_s < HANDOVER_S:
+      return HANDOVER_WARMUP_S
+    return WARMUP_S

@@ -167,9 +167,11 @@ class _Child:
     self.loading = False  # the candidate's process is about to execute candidate code
     self.exited = self.drained = self.killed = False
     self.wait_status: int | None = None
+    self.first_line_at = self.result_at = self.exited_at = 0.0  # time.monotonic(); 0: not yet
     self._buffer = b""
 
   def line(self, line: bytes, out: TextIO, job_id: str) -> None:
+    self.first_line_at = self.first_line_at or time.monotonic()
     try:
       message = json.loads(line)
     except ValueError:
@@ -188,6 +190,7 @@ class _Child:
                             "evidence": "wrote a forged result to the verifier's report pipe"})
       elif self.result is None:
         self.result = message["result"]
+        self.result_at = time.monotonic()
 
   def read(self, out: TextIO, job_id: str) -> None:
     data = os.read(self.report_fd, 1 << 16)
@@ -253,6 +256,7 @@ def _serve_children(children: list[_Child], out: TextIO, job_id: str) -> None:
       child, what = owner[fd]
       if what == "exit":
         child.exited = True
+        child.exited_at = time.monotonic()
         poller.unregister(fd)
         _, child.wait_status = os.waitpid(child.pid, 0)
         deadline = time.monotonic() + _EXIT_GRACE_S
@@ -311,8 +315,17 @@ def serve(device: str, out: TextIO, sandbox_spec: dict[str, Any]) -> None:
     job = json.loads(line)
     _send(out, {"type": "accepted", "job_id": job["job_id"]})  # before any child exists
     job["device"] = device
-    job["sandbox"] = sandbox_spec
+    job["sandbox"] = _scaled(sandbox_spec, job.pop("memory_scale", 1))
     _send(out, run_job(job, out))
+
+
+def _scaled(spec: dict[str, Any], scale: Any) -> dict[str, Any]:
+  """The sandbox settings of a job that holds `scale` slots of its GPU (pool.WorkerPool.run,
+  exclusive): each GPU memory fraction times `scale`, at most 0.9 of the GPU."""
+  if not isinstance(scale, int) or scale <= 1:
+    return spec
+  keys = ("gpu_memory_fraction", "judge_gpu_memory_fraction")
+  return dict(spec, **{k: min(0.9, spec[k] * scale) for k in keys if spec.get(k)})
 
 
 def run_job(job: dict[str, Any], out: TextIO | None = None) -> dict[str, Any]:
@@ -331,6 +344,8 @@ def run_job(job: dict[str, Any], out: TextIO | None = None) -> dict[str, Any]:
   4. Reap both and merge their reports into the verdict (`_merge`).
   5. Attach the candidate's log tail; remove both folders.
   An OSError in 1-2 (copying, forking) is the verifier's: both children die, the result is None.
+  The "done" message also carries `worker_timings`: where the job's seconds went in this process
+  (`_timings`).
   """
   out = out if out is not None else io.StringIO()
   job.setdefault("sandbox", {"enabled": False})
@@ -338,11 +353,16 @@ def run_job(job: dict[str, Any], out: TextIO | None = None) -> dict[str, Any]:
   judge_dir = tempfile.mkdtemp(prefix="dice-judge-")
   done: dict[str, Any] = {"type": "done", "job_id": job["job_id"], "result": None}
   children: list[_Child] = []
+  marks = {"start": time.monotonic()}
   try:
     _stage_modules(job, cand_dir)  # 1
+    marks["staged"] = time.monotonic()
     children = _fork_job(job, cand_dir, judge_dir, out)  # 2
+    marks["forked"] = time.monotonic()
     _serve_children(children, out, job["job_id"])  # 3
+    marks["served"] = time.monotonic()
     done.update(_merge(job_lib.JobOptions.from_json(job["options"]), children))  # 4
+    marks["merged"] = time.monotonic()
   except OSError as e:
     for child in children:
       child.kill()
@@ -350,7 +370,39 @@ def run_job(job: dict[str, Any], out: TextIO | None = None) -> dict[str, Any]:
   done["log_tail"] = _tail(os.path.join(cand_dir, "output.log"))  # 5
   shutil.rmtree(cand_dir, ignore_errors=True)
   shutil.rmtree(judge_dir, ignore_errors=True)
+  marks["end"] = time.monotonic()
+  done["worker_timings"] = _timings(marks, children)
+  judge_report = next((c.result for c in children if c.role == JUDGE and c.result), None) or {}
+  parts = judge_report.pop("timing_parts", None)
+  if isinstance(parts, dict):  # the judge's own parts of its run (trusted/judge.Judge.part)
+    done["worker_timings"].update({k: round(v, 4) for k, v in parts.items()
+                                   if isinstance(v, (int, float))})
   return done
+
+
+def _timings(marks: dict[str, float], children: list[_Child]) -> dict[str, float]:
+  """Seconds of one job in the worker, part by part (a part that did not happen is left out):
+  stage_modules, fork; judge_start (fork to the judge's first message: its process set-up before
+  the load stage), judge_run (from there to its result: the stages it reports); exit (the judge's
+  result to both children exited and drained: the candidate's final checks and both processes'
+  exits, CUDA contexts included; judge_exit and candidate_exit from the same moment); merge;
+  cleanup (log tails, folders); total."""
+  spans = {"stage_modules": ("start", "staged"), "fork": ("staged", "forked"),
+           "merge": ("served", "merged")}
+  out = {name: marks[b] - marks[a] for name, (a, b) in spans.items() if a in marks and b in marks}
+  judge = next((c for c in children if c.role == JUDGE), None)
+  if judge is not None and "forked" in marks and judge.first_line_at:
+    out["judge_start"] = judge.first_line_at - marks["forked"]
+    if judge.result_at:
+      out["judge_run"] = judge.result_at - judge.first_line_at
+      if "served" in marks:
+        out["exit"] = marks["served"] - judge.result_at
+      for child in children:  # each process's exit, counted from the judge's result
+        if child.exited_at:
+          out[f"{child.role}_exit"] = child.exited_at - judge.result_at
+  out["cleanup"] = marks["end"] - marks.get("merged", marks["end"])
+  out["total"] = marks["end"] - marks["start"]
+  return {k: round(v, 4) for k, v in out.items()}
 
 
 def _merge(options: job_lib.JobOptions, children: list[_Child]) -> dict[str, Any]:

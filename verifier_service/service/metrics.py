@@ -16,6 +16,11 @@ class Metrics:
         "dice_verifier_stage_seconds", "Time spent per pipeline stage.", ["stage"],
         buckets=(0.01, 0.1, 0.5, 1, 2, 5, 10, 20, 40, 80, 160, 320, 640),
         registry=self.registry)
+    self.worker_seconds = prom.Histogram(
+        "dice_verifier_worker_seconds",
+        "Where a GPU slot's time per job went (run/worker.py _timings; slot: the whole job as the "
+        "server saw it).", ["part"], buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 40),
+        registry=self.registry)
     self.verdict_seconds = prom.Histogram(
         "dice_verifier_verdict_seconds", "Receipt to verdict.",
         buckets=(0.1, 0.5, 1, 2, 5, 10, 20, 40, 80, 160, 320, 640), registry=self.registry)

@@ -19,6 +19,7 @@ what candidate code could read) and, when the server runs as root, its own sandb
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import itertools
 import json
@@ -115,6 +116,7 @@ class WorkerSlot:
       try:
         if self._proc is None or self._proc.returncode is not None:
           await self.restart()
+        written = time.monotonic()
         self._proc.stdin.write((json.dumps(job) + "\n").encode())
         await self._proc.stdin.drain()
         deadline = time.monotonic() + timeout_s
@@ -143,7 +145,11 @@ class WorkerSlot:
             if on_phase is not None:
               on_phase(phase)
           elif kind == "done":
-            return _classify(message, phase, timed_out, timeout_s)
+            verdict = _classify(message, phase, timed_out, timeout_s)
+            # where the slot's time went (run/worker._timings), plus the round trip to it
+            verdict["worker_timings"] = dict(message.get("worker_timings") or {},
+                                             slot=time.monotonic() - written)
+            return verdict
       except (WorkerDied, BrokenPipeError, ConnectionResetError, json.JSONDecodeError) as e:
         log.warning("worker %s failed: %s; restarting it", self.name, e)
         _kill(children)  # the job's children have their own sessions: they outlive the worker
@@ -207,6 +213,7 @@ class WorkerPool:
     self.slots = slots
     self._idle: asyncio.Queue[WorkerSlot] = asyncio.Queue()
     self._ids = itertools.count()
+    self._exclusive = asyncio.Lock()  # one job gathering a whole device's slots at a time
     self.running = 0
 
   @classmethod
@@ -235,17 +242,47 @@ class WorkerPool:
     await asyncio.gather(*(slot.stop() for slot in self.slots))
 
   async def run(self, job: dict[str, Any], timeout_s: float,
-                on_phase: Callable[[str], None] | None = None) -> dict[str, Any]:
+                on_phase: Callable[[str], None] | None = None,
+                exclusive: bool = False) -> dict[str, Any]:
+    """Runs `job` on the next free slot. `exclusive`: alone on its device instead, once every slot
+    of one device is free, with the GPU memory of all of them (`memory_scale`, which the worker
+    multiplies the slot's memory fractions by): for a retry after an INFRA_ERROR, such as a
+    reference that needs more memory than one slot's share."""
     waited = time.monotonic()
-    slot = await self._idle.get()
+    held = await self._take_device() if exclusive else [await self._idle.get()]
     waited = time.monotonic() - waited
+    slot = held[0]
     self.running += 1
     try:
       job = dict(job, job_id=f"{slot.name}#{next(self._ids)}")
+      if exclusive:
+        job["memory_scale"] = len(held)
       result = await slot.run(job, timeout_s, on_phase)
       result["stage_timings"] = [{"stage": enums.STAGE_QUEUE, "duration_s": waited}] + result.get(
           "stage_timings", [])
       return result
     finally:
       self.running -= 1
-      self._idle.put_nowait(slot)
+      for s in held:
+        self._idle.put_nowait(s)
+
+  async def _take_device(self) -> list[WorkerSlot]:
+    """Takes free slots until it holds every slot of one device; hands back the others."""
+    device = lambda slot: slot.name.split("/")[0]
+    total = collections.Counter(device(s) for s in self.slots)
+    async with self._exclusive:
+      held: list[WorkerSlot] = []
+      try:
+        while True:
+          held.append(await self._idle.get())
+          name = device(held[-1])
+          mine = [s for s in held if device(s) == name]
+          if len(mine) == total[name]:
+            for s in held:
+              if device(s) != name:
+                self._idle.put_nowait(s)
+            return mine
+      except asyncio.CancelledError:
+        for s in held:
+          self._idle.put_nowait(s)
+        raise

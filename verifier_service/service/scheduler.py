@@ -3,7 +3,8 @@
 Stages, each with its own limit (ARCHITECTURE.md, "The verifier's trust boundary"): static
 checks (milliseconds, inline), compile (the compile pool, `compile_timeout_s`), run (a GPU worker
 slot, `run_timeout_s` covering load, correctness, launch check and timing). A run that ends in
-INFRA_ERROR is retried once on another slot; a candidate's failure never is.
+INFRA_ERROR is retried once, alone on its GPU with every slot's share of its memory
+(pool.WorkerPool.run, exclusive); a candidate's failure never is.
 
 Admission is bounded: at most `queue_capacity` distinct requests are in flight (waiting for the
 compile pool, compiling, waiting for a slot, or running); beyond that `QueueFull` is raised and the
@@ -248,7 +249,10 @@ class Scheduler:
     for attempt in (1, 2):
       verdict.attempts = attempt
       t = time.monotonic()
-      result = await self.pool.run(job, options.run_timeout_s)
+      # The retry runs alone on its GPU, with every slot's share of its memory: the failures
+      # seen were a reference that needs more than one slot's share (DICE 3497, 6995 at 2-4
+      # slots per GPU) and a GPU crowded by its neighbours.
+      result = await self.pool.run(job, options.run_timeout_s, exclusive=attempt == 2)
       if result.get("outcome") != enums.INFRA_ERROR or attempt == 2:
         break
       self.metrics.infra_retries.inc()
@@ -273,6 +277,8 @@ class Scheduler:
   def _merge(self, verdict: pb.Verdict, result: dict[str, Any], run_s: float) -> None:
     """Copies a worker's Verdict-shaped dict into `verdict`."""
     environment = result.pop("environment", {})
+    for part, seconds in result.pop("worker_timings", {}).items():
+      self.metrics.worker_seconds.labels(part).observe(seconds)
     partial = pb.Verdict()
     json_format.ParseDict(_proto_json(result), partial, ignore_unknown_fields=True)
     if not partial.stage_timings:

@@ -98,6 +98,7 @@ class Judge:
     self.spec: list[dict[str, Any]] = []
     self.ref_aliases_inputs = False
     self.input_bytes = 0  # the largest inputs of a trial so far
+    self.parts: dict[str, float] = {}  # seconds of the timing stage's parts (`part`)
 
   # ------------------------------------------------------------------ plumbing
 
@@ -107,6 +108,13 @@ class Judge:
                                          "duration_s": now - self._started})
     self.result["stage"], self._started = stage, now
     self.emit({"phase": stage})
+
+  def part(self, name: str, since: float) -> float:
+    """Adds the seconds since `since` to part `name` of the report's `timing_parts` (where the
+    timing stage's time goes: the worker passes them on with its own, run/worker._timings)."""
+    now = time.monotonic()
+    self.parts[name] = self.parts.get(name, 0.0) + now - since
+    return now
 
   def sync(self) -> None:
     if self.device.type == "cuda":
@@ -313,18 +321,22 @@ class Judge:
                                     "match the reference for that call's inputs when the timer "
                                     "stopped"))
 
-  def time_both(self, core: int | None) -> None:
+  def time_both(self, core: int | None, warmup_s: float = timing.WARMUP_S) -> None:
     """Timing, in batches of calls: the judge times a batch of the reference, the candidate's
     process a batch of the candidate on the same rolls, then (by a secret draw) some of the
     candidate's outputs are read back and compared; who goes first alternates per batch. The
-    candidate's process is asked to time on `core`, the judge's own (run/timing.py)."""
+    candidate's process is asked to time on `core`, the judge's own (run/timing.py); both sides
+    warm up for `warmup_s` (timing.GpuLock.warmup_s)."""
     self.enter(enums.STAGE_TIMING)
+    mark = time.monotonic()
     base = problem.inputs(self.get_inputs, self.seed + 1, self.device, self.dtype)
     rolling, verify = self.timing_checks(base)
     buf = problem.clone_tree(base)
     timer = timing.Timer(self.device)
-    self.ask({"op": "warmup", "seed": self.seed + 1, "cpu": core})
-    timing.warm_up(lambda: self.run_reference(buf))
+    mark = self.part("timing_setup", mark)
+    self.ask({"op": "warmup", "seed": self.seed + 1, "cpu": core, "min_s": warmup_s})
+    timing.warm_up(lambda: self.run_reference(buf), min_s=warmup_s)
+    mark = self.part("timing_warmup", mark)
     trials = self.opts.num_timing_trials
     per_call = max(1, wire.payload_bytes(self.spec))
     batch = max(2, min(BATCH_CALLS, KEPT_BYTES // per_call)) // 2 * 2
@@ -364,9 +376,11 @@ class Judge:
           for (_, cold), elapsed in zip(chunk, times):
             samples[cold]["cand"].append(float(elapsed))
       quota -= len(chosen)
+      mark = self.part("timing_calls", mark)
       if chosen and not any(k in (enums.OUTPUT_CACHING, enums.SIDE_STREAM)
                             for k, _ in self.result["findings"]):
         self.check_timed_outputs(chosen, kept)
+        mark = self.part("timing_verify", mark)
     ref, cand = timing.stats(samples[True]["ref"]), timing.stats(samples[True]["cand"])
     ref_w, cand_w = timing.stats(samples[False]["ref"]), timing.stats(samples[False]["cand"])
     self.result["timing"] = {
@@ -422,10 +436,14 @@ def run(job: dict[str, Any], chan: wire.Channel, emit: Callable[[dict[str, Any]]
     judge.probes()
     if not judge.opts.skip_timing:
       core = timing.timing_core(judge.device)
+      mark = time.monotonic()
       with gpu_lock.held() as state, timing.on_core(core) as where:
+        judge.part("timing_lock_wait", mark)
         result["environment"]["timing_lock"] = f"{state}; {where}"
-        judge.time_both(core)
+        judge.time_both(core, gpu_lock.warmup_s())
+    mark = time.monotonic()
     judge.profile()
+    judge.part("profile", mark)
     judge.ask({"op": "finish"})
     result["outcome"] = enums.OK
   except Ended as e:
@@ -436,4 +454,5 @@ def run(job: dict[str, Any], chan: wire.Channel, emit: Callable[[dict[str, Any]]
   judge.enter(enums.STAGE_DONE)  # closes the stage that was running
   result["stage"] = enums.STAGE_DONE if result["outcome"] == enums.OK else stage
   result["findings"] = [list(f) for f in result["findings"]]
+  result["timing_parts"] = judge.parts
   return result
