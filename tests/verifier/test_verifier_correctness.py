@@ -35,6 +35,43 @@ def test_nan_and_inf_must_match_the_reference():
   assert not ok and "Inf" in message
 
 
+def test_chunked_comparison_gives_the_whole_tensors_answer(monkeypatch):
+  """compare.CHUNK bounds the judge's temporaries; the answer must not depend on it. Each case is
+  compared in one piece and in chunks of 7 elements, with its NaNs, Infs and out-of-tolerance
+  elements spread over several chunks."""
+  gen = torch.Generator().manual_seed(0)
+  ref = torch.randn(5, 11, generator=gen)
+  ref[0, 3] = ref[4, 10] = float("nan")
+  ref[2, 2] = math.inf
+  close = ref + 1e-6
+  off = close.clone()
+  off[1, 1] += 1.0
+  off[3, 9] -= 0.25
+  nan_extra = close.clone()
+  nan_extra[2, 5] = nan_extra[4, 1] = float("nan")
+  nan_missing = close.clone()
+  nan_missing[4, 10] = 0.0
+  inf_wrong = close.clone()
+  inf_wrong[2, 2] = -math.inf
+  ints = torch.arange(55).reshape(5, 11)
+  ints_off = ints.clone()
+  ints_off[0, 1], ints_off[4, 9] = 4, 99
+  bools = ref.nan_to_num() > 0
+  cases = [(ref, close), (ref, off), (ref, nan_extra), (ref, nan_missing), (ref, inf_wrong),
+           (ints, ints), (ints, ints_off), (bools, bools), (bools, ~bools),
+           (ref.double(), off.double()), (torch.empty(0, 3), torch.empty(0, 3))]
+  whole = [_cmp(r, c) for r, c in cases]
+  monkeypatch.setattr(compare, "CHUNK", 7)
+  chunked = [_cmp(r, c) for r, c in cases]
+  assert chunked == whole
+  assert [w[0] for w in whole] == [True, False, False, False, False, True, False, True, False,
+                                   False, True]
+  assert "2 of 52 elements exceed" in whole[1][3] and whole[1][1] == pytest.approx(1.0, rel=1e-4)
+  assert "NaN in output 0 at 2 positions" in whole[2][3]
+  assert "finite where the reference is NaN" in whole[3][3]
+  assert whole[6][1] == 46.0  # ints: the largest difference (99 - 53), in the last chunk
+
+
 def test_structure_shape_dtype_and_subclass():
   a = torch.ones(2, 3)
   assert "has 1 leaves, the reference has 2" in _cmp((a, a), a)[3]
