@@ -233,6 +233,8 @@ async def run_service(items: list[dict], latency_items: list[dict], args: argpar
     compile_cpu = _cpu_children() - cpu0
     busy1, total1 = _busy_jiffies()
     parts1 = _worker_parts(scheduler)
+    burst_parts = {part: (total - parts0.get(part, (0.0, 0))[0], jobs - parts0.get(part, (0, 0))[1])
+                   for part, (total, jobs) in parts1.items()}
     batching = scheduler.compiler.batch_stats()
     print(f"  cuda.cu batching during the burst and before: {batching}", flush=True)
     print(f"  warm front ends (compile/front_ends.py): {scheduler.compiler.front_end_stats()}",
@@ -253,12 +255,10 @@ async def run_service(items: list[dict], latency_items: list[dict], args: argpar
           "slot_s": [seconds - _stage(v, pb.STAGE_STATIC_CHECK, pb.STAGE_COMPILE, pb.STAGE_QUEUE)
                      for v, seconds in results],
           "batching": batching,
-          "worker_parts_s": {part: round((total - parts0.get(part, (0.0, 0))[0]) / max(
-              1, count - parts0.get(part, (0.0, 0))[1]), 3) for part, (total, count) in
-                             parts1.items()},
+          "worker_parts_s": {part: round(seconds / max(1, jobs), 3)
+                             for part, (seconds, jobs) in burst_parts.items()},
           # seconds the judges held the GPU's timing lock during the burst (their parts under it)
-          "lock_held_s": sum(total - parts0.get(part, (0.0, 0))[0] for part, (total, _) in
-                             parts1.items() if part in _UNDER_LOCK),
+          "lock_held_s": sum(burst_parts.get(part, (0.0, 0))[0] for part in _UNDER_LOCK),
           "timing_s": [_stage(v, pb.STAGE_TIMING) for v in verdicts],
           "lock_wait_s": [_lock_wait(v) for v in verdicts],
           "machine_busy": (busy1 - busy0) / max(1, total1 - total0)}

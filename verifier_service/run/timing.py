@@ -205,7 +205,7 @@ class GpuLock:
       waited = time.monotonic() - start
       self.handover_s = self._since_release()
       notes = [f"waited {waited:.2f} s"] if waited >= 0.01 else []
-      if self.handover_s is not None and self.handover_s < HANDOVER_S:
+      if self.handed_over:
         notes.append(f"handed over after {self.handover_s:.3f} s: "
                      f"warm-up {HANDOVER_WARMUP_S:g} s")
       yield f"held ({'; '.join(notes)})" if notes else "held"
@@ -225,12 +225,15 @@ class GpuLock:
     since = time.monotonic() - released
     return since if since >= 0 else None
 
+  @property
+  def handed_over(self) -> bool:
+    """Held, and the previous holder released it under HANDOVER_S ago (the GPU was busy timing
+    until then)."""
+    return self.handover_s is not None and self.handover_s < HANDOVER_S
+
   def warmup_s(self) -> float:
-    """How long to warm up under the lock: HANDOVER_WARMUP_S when the previous holder released it
-    under HANDOVER_S ago (the GPU was busy timing until then), else WARMUP_S.
+    """How long to warm up under the lock: HANDOVER_WARMUP_S when `handed_over`, else WARMUP_S.
 
     Decision (issue 16): with several slots per GPU, timing stages queue for the lock back to back,
     and 2 x WARMUP_S per job was about half of each one's time holding it."""
-    if self.handover_s is not None and self.handover_s < HANDOVER_S:
-      return HANDOVER_WARMUP_S
-    return WARMUP_S
+    return HANDOVER_WARMUP_S if self.handed_over else WARMUP_S

@@ -372,11 +372,6 @@ def run_job(job: dict[str, Any], out: TextIO | None = None) -> dict[str, Any]:
   shutil.rmtree(judge_dir, ignore_errors=True)
   marks["end"] = time.monotonic()
   done["worker_timings"] = _timings(marks, children)
-  judge_report = next((c.result for c in children if c.role == JUDGE and c.result), None) or {}
-  parts = judge_report.pop("timing_parts", None)
-  if isinstance(parts, dict):  # the judge's own parts of its run (trusted/judge.Judge.part)
-    done["worker_timings"].update({k: round(v, 4) for k, v in parts.items()
-                                   if isinstance(v, (int, float))})
   return done
 
 
@@ -386,11 +381,15 @@ def _timings(marks: dict[str, float], children: list[_Child]) -> dict[str, float
   the load stage), judge_run (from there to its result: the stages it reports); exit (the judge's
   result to both children exited and drained: the candidate's final checks and both processes'
   exits, CUDA contexts included; judge_exit and candidate_exit from the same moment); merge;
-  cleanup (log tails, folders); total."""
+  cleanup (log tails, folders); total; and the judge's own parts of its run, from its report
+  (trusted/judge.Judge.part)."""
   spans = {"stage_modules": ("start", "staged"), "fork": ("staged", "forked"),
            "merge": ("served", "merged")}
   out = {name: marks[b] - marks[a] for name, (a, b) in spans.items() if a in marks and b in marks}
   judge = next((c for c in children if c.role == JUDGE), None)
+  if judge is not None and isinstance((judge.result or {}).get("timing_parts"), dict):
+    out.update({k: v for k, v in judge.result["timing_parts"].items()
+                if isinstance(v, (int, float))})
   if judge is not None and "forked" in marks and judge.first_line_at:
     out["judge_start"] = judge.first_line_at - marks["forked"]
     if judge.result_at:

@@ -54,6 +54,7 @@ class WorkerSlot:
                sandbox: dict[str, Any] | None = None):
     self.name = name
     self.device = device
+    self.unit = name.split("/")[0]  # the GPU (or "cpu") this slot shares with its siblings
     self._env = {k: v for k, v in env.items() if k.startswith(_ENV_KEEP)}
     self.sandbox = sandbox or {"enabled": False}
     self._proc: asyncio.subprocess.Process | None = None
@@ -268,18 +269,17 @@ class WorkerPool:
 
   async def _take_device(self) -> list[WorkerSlot]:
     """Takes free slots until it holds every slot of one device; hands back the others."""
-    device = lambda slot: slot.name.split("/")[0]
-    total = collections.Counter(device(s) for s in self.slots)
+    total = collections.Counter(s.unit for s in self.slots)
     async with self._exclusive:
       held: list[WorkerSlot] = []
       try:
         while True:
           held.append(await self._idle.get())
-          name = device(held[-1])
-          mine = [s for s in held if device(s) == name]
-          if len(mine) == total[name]:
+          unit = held[-1].unit
+          mine = [s for s in held if s.unit == unit]
+          if len(mine) == total[unit]:
             for s in held:
-              if device(s) != name:
+              if s.unit != unit:
                 self._idle.put_nowait(s)
             return mine
       except asyncio.CancelledError:

@@ -300,7 +300,7 @@ class Scheduler:
     slots = collections.Counter()
     if self.pool is not None:
       for slot in self.pool.slots:
-        slots[slot.name.split("/")[0]] += 1
+        slots[slot.unit] += 1
     for gpu in self.toolchain.gpus:
       if self.config.gpus is None or gpu.index in self.config.gpus:
         info.gpus.add(index=gpu.index, name=gpu.name, memory_total_bytes=gpu.memory_total_bytes,

@@ -98,7 +98,7 @@ class Judge:
     self.spec: list[dict[str, Any]] = []
     self.ref_aliases_inputs = False
     self.input_bytes = 0  # the largest inputs of a trial so far
-    self.parts: dict[str, float] = {}  # seconds of the timing stage's parts (`part`)
+    self.parts: dict[str, float] = {}  # seconds per part of the timing stage and after (`part`)
 
   # ------------------------------------------------------------------ plumbing
 

@@ -352,9 +352,8 @@ class CandidateSide:
     self.timer = timing.Timer(self.device)
     self.base = self.inputs(int(header["seed"]))
     self.buf = problem.clone_tree(self.base)
-    min_s = header.get("min_s", timing.WARMUP_S)
-    min_s = min(float(min_s), timing.WARMUP_S) if isinstance(min_s, (int, float)) else 0.0
-    timing.warm_up(lambda: self.call(self.buf, "ModelNew (timed call)"), min_s=max(0.0, min_s))
+    min_s = min(max(0.0, float(header.get("min_s", timing.WARMUP_S))), timing.WARMUP_S)
+    timing.warm_up(lambda: self.call(self.buf, "ModelNew (timed call)"), min_s=min_s)
     return {"stop": self.checkpoint()}
 
   def on_time(self, header: dict[str, Any]) -> dict[str, Any]:
