@@ -179,6 +179,35 @@ def test_members_arriving_while_a_batch_compiles_get_a_batch_of_their_own(tmp_pa
   assert compiled.count(["m0/cuda.cu", "m1/cuda.cu"]) == 2 and stats["failed"] == 2
 
 
+def test_the_include_blocks_own_object_compiles_alongside_the_first_batch(tmp_path):
+  """The object every batch of a group is checked against (the include block alone) starts
+  compiling when the group's first batch is planned, not once that batch has compiled: the two
+  compiles overlap, so the members wait for one compile, not two in a row."""
+  spans: dict[str, list[float]] = {}
+
+  async def compile_fn(cmd, text, filename, module_id, files):
+    kind = "batch" if files else "include block"
+    start = asyncio.get_running_loop().time()
+    await asyncio.sleep(0.5)
+    spans[kind] = [start, asyncio.get_running_loop().time()]
+    return str(tmp_path / "missing.o"), ""
+
+  async def run(argv, cwd):
+    (cwd / argv[-1]).write_text("")
+    return 0, ""
+
+  async def go():
+    batcher = batch.Batcher(compile_fn, run, tmp_path, gather_s=0.05)
+    text = HEAD + "__global__ void k() {}\n"
+    return await asyncio.wait_for(asyncio.gather(
+        *(batcher.compile(["nvcc"], None, text, p) for p in "ab")), 10)
+
+  results = asyncio.run(go())
+  assert all("its batch was not used" in why for _, why in results)
+  (batch_start, batch_end), (block_start, _) = spans["batch"], spans["include block"]
+  assert block_start < batch_end and abs(block_start - batch_start) < 0.25, spans
+
+
 # ----------------------------------------------------------------------------- real nvcc
 
 
