@@ -25,6 +25,7 @@ to small references (< 100 us) over do_bench's. On the H200 the old timer's exce
 is what issue 16 measured (~80 us per call).
 
   python benchmarks/verifier_timing.py DICE_JSON [--pairs 20] [--slots-per-gpu 1,4] [--out timing.json]  # GPU, ~4 min
+  python benchmarks/verifier_timing.py DICE_JSON --slots-per-gpu 1 --variants default,no-sandbox,no-core
   python benchmarks/verifier_timing.py DICE_JSON --pairs 2 --dry-run   # no GPU: compile + build
 """
 
@@ -54,6 +55,9 @@ from verifier_service.service import scheduler as scheduler_lib
 from verifier_service.untrusted import child
 
 WARMUP_CALLS = 3  # KernelBench's warm-up (the verifier's own is timing.warm_up)
+# Service passes: the server setting each changes (benchmark labels: "<slots>" for the default,
+# "<slots>-<variant>" for the others).
+VARIANTS = {"default": {}, "no-sandbox": {"sandbox": False}, "no-core": {"timing_core": False}}
 
 
 def load_pairs(path: str, count: int) -> list[dict]:
@@ -175,6 +179,9 @@ def main() -> None:
   parser.add_argument("--slots-per-gpu", default="1,4",
                       help="comma list: one service pass per slot count, all pairs submitted at "
                       "once, compiles shared (default %(default)s)")
+  parser.add_argument("--variants", default="default",
+                      help=f"comma list of service settings, one pass each per slot count: "
+                      f"{', '.join(VARIANTS)} (default %(default)s)")
   parser.add_argument("--cache-dir", default="", help="compile cache (default: a fresh one)")
   parser.add_argument("--out", default="", help="write every number to this JSON file")
   parser.add_argument("--dry-run", action="store_true",
@@ -184,14 +191,20 @@ def main() -> None:
   pairs = load_pairs(args.data, args.pairs + 8)  # spares for pairs that do not compile
   device = torch.device("cpu" if args.dry_run else "cuda")
   cache_dir = pathlib.Path(args.cache_dir or tempfile.mkdtemp(prefix="timing-cache-"))
-  slot_counts = [int(n) for n in args.slots_per_gpu.split(",")]
+  variants = args.variants.split(",")
+  unknown = [v for v in variants if v not in VARIANTS]
+  if unknown:
+    parser.error(f"unknown --variants {unknown}; choose from {sorted(VARIANTS)}")
+  passes = [(int(n), v) for n in args.slots_per_gpu.split(",") for v in variants]
+  label = lambda slots, variant: f"{slots}" if variant == "default" else f"{slots}-{variant}"
   toolchain = toolchain_lib.discover()
 
-  async def service(slots: int, pairs: list[dict]):
+  async def service(slots: int, variant: str, pairs: list[dict]):
     """One service pass: compile (cached after the first pass), then every pair at once."""
     config = config_lib.ServerConfig(
         listen="127.0.0.1:0", cache_dir=cache_dir, slots_per_gpu=slots, queue_capacity=4096,
-        gpus=[] if args.dry_run else None, run_timeout_s=600.0, timing_trials=args.trials)
+        gpus=[] if args.dry_run else None, run_timeout_s=600.0, timing_trials=args.trials,
+        **VARIANTS[variant])
     scheduler = scheduler_lib.Scheduler.create(config, toolchain)
     await scheduler.start()
     try:
@@ -200,8 +213,9 @@ def main() -> None:
           p["cuda_code"]).extensions)][:args.pairs]
       pass_start = time.monotonic()
       verdicts = [] if args.dry_run else await _verify_all(scheduler, built, args.trials,
-                                                           f"{slots}slots")
-      print(f"{slots} slot(s) per GPU: {len(modules)} extensions compiled, {len(verdicts)} "
+                                                           label(slots, variant))
+      print(f"{slots} slot(s) per GPU, {variant}: {len(modules)} extensions compiled, "
+            f"{len(verdicts)} "
             f"verdicts in {time.monotonic() - pass_start:.0f} s "
             f"({time.monotonic() - started:.0f} s so far)", flush=True)
       return modules, built, verdicts
@@ -209,8 +223,9 @@ def main() -> None:
       await scheduler.stop()
 
   verdicts_by_slots = {}
-  for slots in slot_counts:
-    modules, built, verdicts_by_slots[slots] = asyncio.run(service(slots, pairs))
+  for slots, variant in passes:
+    modules, built, verdicts_by_slots[label(slots, variant)] = asyncio.run(
+        service(slots, variant, pairs))
   pairs = built
   child._patch_load_inline(modules)  # pylint: disable=protected-access
   rows = []
@@ -231,7 +246,7 @@ def main() -> None:
                       verdict_cand_us=v.timing.candidate.median_us,
                       verdict_speedup=v.timing.speedup, verdict_speedup_warm=v.timing.speedup_warm)
       row.update({f"{k}_{slots}": value for k, value in fields.items()})
-      if slots == slot_counts[0]:
+      if slots == label(*passes[0]):
         row.update(fields)
     if args.dry_run:
       rows.append(row)
@@ -270,7 +285,7 @@ def main() -> None:
         "small_references": len(small),
         "added_us_vs_do_bench_small_refs": {m: added(m) for m in ("cold", "warm", "old",
                                                                    "kernelbench")}})
-    for slots in slot_counts:  # the service's verdicts, per slot count
+    for slots in verdicts_by_slots:  # the service's verdicts, per pass
       summary[f"verdicts_{slots}_slots_per_gpu"] = {
           "speedup_ratio_warm_vs_kernelbench": ratio(f"verdict_speedup_warm_{slots}",
                                                      "speedup_kernelbench"),

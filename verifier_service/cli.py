@@ -102,6 +102,9 @@ def _add_common(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> No
                       help="CUDA allocator cap per candidate process as a fraction of the GPU; "
                            "default 0.45 / --slots-per-gpu (each slot's judge process, which runs "
                            "the reference, gets 0.45 / --slots-per-gpu too)")
+  parser.add_argument("--no-timing-core", action="store_true",
+                      help="time each side wherever the OS schedules it (default: both sides of a "
+                           "job time on one CPU core per GPU, the last ones)")
 
 
 def _add_logging(parser: argparse.ArgumentParser) -> None:
@@ -121,7 +124,7 @@ def _config(args: argparse.Namespace, **extra) -> config_lib.ServerConfig:
       cpu_test_mode=args.cpu_test_mode,
       sandbox=not args.no_sandbox, sandbox_strict=args.sandbox_strict,
       sandbox_uid_base=args.sandbox_uid_base, sandbox_memory_bytes=args.sandbox_memory,
-      gpu_memory_fraction=args.gpu_memory_fraction, **extra)
+      gpu_memory_fraction=args.gpu_memory_fraction, timing_core=not args.no_timing_core, **extra)
 
 
 def build_parser() -> argparse.ArgumentParser:

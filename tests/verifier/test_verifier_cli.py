@@ -235,3 +235,12 @@ def test_check_policy_flag_switches_partial_replacement(files, cache_dir, tmp_pa
   assert verdicts["default"]["outcome"] == "OK" and verdicts["default"]["policy"] == "POLICY_DEFAULT"
   assert verdicts["strict"]["outcome"] == "REJECTED" and verdicts["strict"]["policy"] == "POLICY_STRICT"
   assert [e["kind"] for e in verdicts["strict"]["exploits"]] == ["TORCH_FALLBACK"]
+
+
+def test_the_timing_core_flag_reaches_the_judges_job_settings():
+  """`--no-timing-core` turns off binding both sides to one core: the job settings every worker
+  hands its judge (ServerConfig.sandbox_spec, read in trusted/judge.run) say so; by default they
+  bind."""
+  parse = lambda *flags: cli._config(cli.build_parser().parse_args(["serve", *flags]))  # pylint: disable=protected-access
+  assert parse().sandbox_spec("")["timing_core"] is True
+  assert parse("--no-timing-core").sandbox_spec("")["timing_core"] is False

@@ -77,6 +77,9 @@ class ServerConfig:
   # its inputs and outputs and the candidate's outputs it compares, and at 0.3 / 4 slots (10.5 GiB)
   # it ran out of memory on a DICE item on an H200 (2026-12-01).
   gpu_memory_fraction: float = 0.0
+  # Both sides of a job time on one CPU core (run/timing.py, `timing_core`); False: wherever the
+  # scheduler puts them.
+  timing_core: bool = True
   verdict_store_size: int = 100_000  # verdicts kept on disk (by request id) across restarts
 
   def __post_init__(self) -> None:
@@ -100,7 +103,7 @@ class ServerConfig:
             "uid_base": self.sandbox_uid_base, "memory_bytes": memory,
             "cpu_s": int(2 * self.max_run_timeout_s + 60), "file_bytes": self.sandbox_file_bytes,
             "gpu_memory_fraction": self.gpu_memory_fraction or 0.45 / slots,
-            "judge_gpu_memory_fraction": 0.45 / slots,
+            "judge_gpu_memory_fraction": 0.45 / slots, "timing_core": self.timing_core,
             "read_only": [cuda_root] if cuda_root else []}
 
 

@@ -435,7 +435,8 @@ def run(job: dict[str, Any], chan: wire.Channel, emit: Callable[[dict[str, Any]]
     judge.correctness()
     judge.probes()
     if not judge.opts.skip_timing:
-      core = timing.timing_core(judge.device)
+      core = timing.timing_core(judge.device) if job.get("sandbox", {}).get(
+          "timing_core", True) else None
       mark = time.monotonic()
       with gpu_lock.held() as state, timing.on_core(core) as where:
         judge.part("timing_lock_wait", mark)
