@@ -192,11 +192,14 @@ async def run_service(items: list[dict], latency_items: list[dict], args: argpar
   print(f"  serving after {serving:.1f} s; front ends warm and host code's header built after "
         f"{startup:.1f} s", flush=True)
   builds: list = []  # every build's result, in order: a cold candidate's compile steps
+  began: list = []  # when each of them was asked for (time.monotonic())
   build = scheduler.compiler.build
 
   async def recorded(ext, timeout_s, problem=""):
+    asked = time.monotonic()
     result = await build(ext, timeout_s, problem)
     builds.append(result)
+    began.append(asked)
     return result
   scheduler.compiler.build = recorded
   print(f"service start-up (workers, header tiers, precompiled header): {startup:.1f} s",
@@ -227,6 +230,7 @@ async def run_service(items: list[dict], latency_items: list[dict], args: argpar
             for s in sorted(result.steps, key=lambda s: s["start_s"])), flush=True)
     parts0 = _worker_parts(scheduler)
     cpu0, (busy0, total0) = _cpu_children(), _busy_jiffies()
+    first_build = len(builds)
     start = time.monotonic()
     results = await asyncio.gather(*(one(item, "throughput", start) for item in items))
     wall = time.monotonic() - start
@@ -255,6 +259,11 @@ async def run_service(items: list[dict], latency_items: list[dict], args: argpar
           "slot_s": [seconds - _stage(v, pb.STAGE_STATIC_CHECK, pb.STAGE_COMPILE, pb.STAGE_QUEUE)
                      for v, seconds in results],
           "batching": batching,
+          # the burst's compiles, as they ran: asked (s after the burst began), and each process
+          "burst_builds": [{"asked_s": round(t - start, 3), "duration_s": round(b.duration_s, 3),
+                            "batch_size": b.batch_size, "tier": b.header_tier,
+                            "batch_note": b.batch_note[:80], "steps": b.steps}
+                           for t, b in zip(began[first_build:], builds[first_build:])],
           "worker_parts_s": {part: round(seconds / max(1, jobs), 3)
                              for part, (seconds, jobs) in burst_parts.items()},
           # seconds the judges held the GPU's timing lock during the burst (their parts under it)
@@ -311,10 +320,12 @@ def _service_report(items: list[dict], service: dict) -> dict:
        "timing_lock_busy": service["lock_held_s"] / service["wall"] if service["wall"] else 0.0,
        "median_timing_stage_s": _median(service["timing_s"]),
        "median_lock_wait_s": _median(service["lock_wait_s"]),
-       "per_verdict": [{"latency_s": round(t, 2), "compile_s": round(c, 2), "queue_s": round(q, 2),
-                        "run_s": round(r, 2), "slot_s": round(o, 2)} for t, c, q, r, o in zip(
-                            service["loaded_latencies"], service["compile_s"],
-                            service["queue_s"], service["run_s"], service["slot_s"])],
+       "per_verdict": [{"id": i["id"], "latency_s": round(t, 2), "compile_s": round(c, 2),
+                        "queue_s": round(q, 2), "run_s": round(r, 2), "slot_s": round(o, 2)}
+                       for i, t, c, q, r, o in zip(
+                           items, service["loaded_latencies"], service["compile_s"],
+                           service["queue_s"], service["run_s"], service["slot_s"])],
+       "burst_builds": service["burst_builds"],
        "verdicts_per_hour": _rate(len(items), service["wall"]),
        "verdicts_per_hour_with_startup": _rate(len(items), service["wall"] + service["startup"]),
        "compile_cpu_s_per_verdict": per_verdict_cpu,
