@@ -221,6 +221,28 @@ def test_the_candidates_report_cannot_break_or_bend_the_verdict():
   assert rejected["outcome"] == "REJECTED" and rejected["message"].startswith("DISPATCH_OVERRIDE")
 
 
+def test_running_out_of_memory_on_a_large_problem_asks_for_a_run_alone():
+  """A candidate process that ran out of device memory (its word) on a problem whose own inputs
+  and outputs are a quarter of that process's share or more (the judge's word) is marked for the
+  scheduler's retry alone on its GPU; on a small problem, or without the allocator's error, or
+  when the judge decided the verdict, it is the candidate's RUNTIME_ERROR and nothing more."""
+  ended = dict(_JUDGE_OK, outcome=None, candidate_ended="it stopped",
+               memory={"problem_bytes": 4_500_000_000, "share_bytes": 15_700_000_000})
+  oom = dict(_CAND_OK, error={"outcome": "RUNTIME_ERROR", "out_of_memory": True,
+                              "message": "verifier code raised OutOfMemoryError"})
+  short = _merge(ended, oom)
+  assert short["outcome"] == "RUNTIME_ERROR" and short[verdict.SHORT_OF_MEMORY] is True
+  small = dict(ended, memory={"problem_bytes": 3_000_000_000, "share_bytes": 15_700_000_000})
+  claimed = dict(oom, error=dict(oom["error"], out_of_memory="yes"))
+  no_share = dict(ended, memory={"problem_bytes": 4_500_000_000, "share_bytes": 0})
+  wrong = dict(ended, outcome="INCORRECT", message="trial 1: wrong")
+  for judge, cand in ((small, oom), (ended, claimed), (no_share, oom), (wrong, oom),
+                      (ended, dict(oom, error=dict(oom["error"], out_of_memory=False)))):
+    merged = _merge(judge, cand)
+    assert verdict.SHORT_OF_MEMORY not in merged, (judge["memory"], cand["error"])
+    assert merged["outcome"] in ("RUNTIME_ERROR", "INCORRECT")
+
+
 def test_judge_outcomes_and_policy_findings_reach_the_verdict():
   incorrect = dict(_JUDGE_OK, outcome="INCORRECT", message="trial 1: wrong")
   assert _merge(incorrect, _CAND_OK)["outcome"] == "INCORRECT"

@@ -19,6 +19,7 @@ import pytest
 
 from dice.verifier.v1 import verifier_pb2 as pb
 
+import verifier_harness
 import verifier_kernels as kernels
 
 
@@ -215,6 +216,42 @@ def test_the_retry_waits_for_every_slot_of_its_device_and_gets_their_memory(cpu_
   assert worker._scaled(spec, 1) is spec and worker._scaled(spec, "4") is spec  # pylint: disable=protected-access
   # A real job still runs on the pool afterwards: every slot was handed back.
   assert verify(cpu_server, "scaled_add").outcome == pb.OK
+
+
+_LARGE_REFERENCE = kernels.REFERENCE.replace(  # 960 MiB of inputs and outputs
+    "torch.randn(64, 33), torch.randn(64, 33)",
+    "torch.randn(64, 1024, 1280), torch.randn(64, 1024, 1280)")
+
+
+@pytest.mark.slow
+def test_out_of_memory_on_a_large_problem_runs_again_alone(cache_dir, toolchain):
+  """A candidate process that runs out of device memory (here the allocator's error is raised by
+  the candidate itself: the CPU has no allocator cap) on a problem whose inputs and outputs (960
+  MiB) are a quarter of that process's memory share (3 GiB) or more is run once more, alone on
+  its device; the second verdict stands. On a small problem the same failure is the candidate's
+  RUNTIME_ERROR at once."""
+  assert "1024, 1280" in _LARGE_REFERENCE
+  candidate = kernels.cpp_candidate("scaled_add").replace(
+      "        return ext.scaled_add(a, b, self.scale)",
+      "        raise torch.OutOfMemoryError('CUDA out of memory. Tried to allocate 4.00 GiB')")
+  assert "OutOfMemoryError" in candidate
+  srv = verifier_harness.ServerThread(verifier_harness.make_config(
+      cache_dir, cpu_test_mode=True, slots_per_gpu=2, sandbox_memory_bytes=3 << 30), toolchain)
+  try:
+    def run(reference: str, name: str) -> pb.Verdict:
+      return srv.stub().Verify(pb.VerifyRequest(
+          request_id=f"oom-{name}-{time.monotonic_ns()}", reference_source=reference,
+          candidate_source=candidate, options=pb.VerifyOptions(skip_timing=True)), timeout=900)
+
+    large, small = run(_LARGE_REFERENCE, "large"), run(kernels.REFERENCE, "small")
+    retries = srv.scheduler.metrics.registry.get_sample_value("dice_verifier_memory_retries_total")
+  finally:
+    srv.stop()
+  for verdict in (large, small):
+    assert verdict.outcome == pb.RUNTIME_ERROR and "OutOfMemoryError" in verdict.message, (
+        verdict.message)
+    assert pb.RESOURCE_EXHAUSTION in [e.kind for e in verdict.exploits]
+  assert (large.attempts, small.attempts, retries) == (2, 1, 1)
 
 
 def test_monkey_patching_torch_is_rejected(cpu_server):

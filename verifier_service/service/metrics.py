@@ -32,6 +32,10 @@ class Metrics:
     self.infra_retries = prom.Counter("dice_verifier_infra_retries",
                                       "Runs retried after an infrastructure failure.",
                                       registry=self.registry)
+    self.memory_retries = prom.Counter(
+        "dice_verifier_memory_retries", "Runs retried alone on their GPU because the candidate's "
+        "process ran out of memory on a problem large for one slot's share.",
+        registry=self.registry)
     self.queue_depth = prom.Gauge("dice_verifier_queue_depth", "Requests waiting or running.",
                                   registry=self.registry)
     self.running = prom.Gauge("dice_verifier_running", "Jobs on GPU workers now.",

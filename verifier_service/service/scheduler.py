@@ -4,7 +4,10 @@ Stages, each with its own limit (ARCHITECTURE.md, "The verifier's trust boundary
 checks (milliseconds, inline), compile (the compile pool, `compile_timeout_s`), run (a GPU worker
 slot, `run_timeout_s` covering load, correctness, launch check and timing). A run that ends in
 INFRA_ERROR is retried once, alone on its GPU with every slot's share of its memory
-(pool.WorkerPool.run, exclusive); a candidate's failure never is.
+(pool.WorkerPool.run, exclusive); a candidate's failure never is, except the one that may be our
+share's: a candidate process that ran out of GPU memory on a problem large for a slot's share
+(trusted/verdict.short_of_memory) gets that one run alone too, when the GPU has several slots.
+The retry's verdict stands.
 
 Admission is bounded: at most `queue_capacity` distinct requests are in flight (waiting for the
 compile pool, compiling, waiting for a slot, or running); beyond that `QueueFull` is raised and the
@@ -42,6 +45,7 @@ from verifier_service.service import config as config_lib
 from verifier_service.service import metrics as metrics_lib
 from verifier_service.service import pool as pool_lib
 from verifier_service.service import verdict_store
+from verifier_service.trusted import verdict as verdict_lib
 
 log = logging.getLogger(__name__)
 
@@ -251,13 +255,21 @@ class Scheduler:
       t = time.monotonic()
       # The retry runs alone on its GPU, with every slot's share of its memory: the failures
       # seen were a reference that needs more than one slot's share (DICE 3497, 6995 at 2-4
-      # slots per GPU) and a GPU crowded by its neighbours.
+      # slots per GPU), a candidate process out of memory on such a problem (3497 at 4 slots),
+      # and a GPU crowded by its neighbours.
       result = await self.pool.run(job, options.run_timeout_s, exclusive=attempt == 2)
-      if result.get("outcome") != enums.INFRA_ERROR or attempt == 2:
+      short = result.pop(verdict_lib.SHORT_OF_MEMORY, False) and self.config.slots_per_gpu > 1
+      if attempt == 2 or not (short or result.get("outcome") == enums.INFRA_ERROR):
         break
-      self.metrics.infra_retries.inc()
-      log.warning("retrying %s after infrastructure failure: %s", request.request_id,
-                  result.get("message"))
+      if short:
+        self.metrics.memory_retries.inc()
+        log.warning("retrying %s alone on its GPU: the candidate's process ran out of memory on "
+                    "a problem large for a slot's share: %s", request.request_id,
+                    result.get("message", "")[:300])
+      else:
+        self.metrics.infra_retries.inc()
+        log.warning("retrying %s after infrastructure failure: %s", request.request_id,
+                    result.get("message"))
     self._merge(verdict, result, time.monotonic() - t)
 
   def _fill_compile(self, verdict: pb.Verdict, builds: list[compile_lib.BuildResult]) -> None:

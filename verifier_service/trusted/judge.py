@@ -25,9 +25,11 @@ In order:
    - profile: the candidate's own kernels launched and their share of the GPU time (its process
      reports them), and the partial-replacement policy on that split. Last, so that no profiler
      session runs before a timed call in either process.
-4. It reports to the worker: trials, timing, its own findings, the reference's ops, and where the
-   candidate's side stopped if it did. The worker merges that with the candidate's report and
-   both exit statuses (trusted/verdict.py).
+4. It reports to the worker: trials, timing, its own findings, the reference's ops, where the
+   candidate's side stopped if it did, and the problem's size against the candidate process's
+   memory share (`memory`: what decides whether a candidate that ran out of memory gets a run
+   alone on its GPU, verdict.short_of_memory). The worker merges that with the candidate's
+   report and both exit statuses (trusted/verdict.py).
 
 Whatever the candidate's side sends that does not parse, is too large, contradicts the layout or
 never arrives ends the run as the candidate's failure; the judge never raises for it.
@@ -35,6 +37,7 @@ never arrives ends the run as the candidate's failure; the judge never raises fo
 
 from __future__ import annotations
 
+import contextlib
 import math
 import random
 import secrets
@@ -115,6 +118,21 @@ class Judge:
     now = time.monotonic()
     self.parts[name] = self.parts.get(name, 0.0) + now - since
     return now
+
+  def memory(self) -> dict[str, int]:
+    """Bytes of the problem's own tensors (the largest trial's inputs and the reference's
+    outputs) and of the memory the candidate's process may hold on this device: its GPU share
+    (the allocator cap the worker set: a fraction of the GPU) or, on the CPU test device, its
+    RLIMIT_DATA; 0 where neither is set."""
+    spec = self.job.get("sandbox", {})
+    if self.device.type == "cuda":
+      total = torch.cuda.get_device_properties(self.device).total_memory
+      fraction = spec.get("gpu_memory_fraction", 0.0)
+      share = int(total * fraction) if 0.0 < fraction < 1.0 else total
+    else:
+      share = int(spec.get("memory_bytes", 0)) if spec.get("enabled") else 0
+    return {"problem_bytes": self.input_bytes + wire.payload_bytes(self.spec),
+            "share_bytes": share}
 
   def sync(self) -> None:
     if self.device.type == "cuda":
@@ -456,4 +474,6 @@ def run(job: dict[str, Any], chan: wire.Channel, emit: Callable[[dict[str, Any]]
   result["stage"] = enums.STAGE_DONE if result["outcome"] == enums.OK else stage
   result["findings"] = [list(f) for f in result["findings"]]
   result["timing_parts"] = judge.parts
+  with contextlib.suppress(Exception):  # no CUDA (judge setup failed): nothing to weigh
+    result["memory"] = judge.memory()
   return result

@@ -19,6 +19,10 @@ every stage and the candidate's process to have reported. Failures are attribute
 Then the exploit findings of both sides, the seccomp supervisor's and the partial-replacement
 policy's (run/policy.py) go to `exploits.apply_policy`, which REJECTS clear hacks whatever the run
 ended in. Timeouts are the pool's to classify (it kills both processes).
+
+A RUNTIME_ERROR that was the device allocator running out of memory in the candidate's process,
+on a problem large for that process's share (`short_of_memory`), carries SHORT_OF_MEMORY: the
+scheduler then runs the job once more alone on its GPU, and that run's verdict stands.
 """
 
 from __future__ import annotations
@@ -29,6 +33,16 @@ from verifier_service import enums
 from verifier_service.run import job as job_lib
 from verifier_service.run import policy
 from verifier_service.trusted import exploits
+
+# Internal key of a merged verdict (never sent): the run deserves a retry alone on its GPU.
+SHORT_OF_MEMORY = "short_of_memory"
+# Decision (2026-12-03): a candidate's process that ran out of GPU memory on a problem whose own
+# inputs and outputs take at least this part of its share may have run out of memory that is ours
+# to give. Besides the candidate's work the verifier keeps several output-sized tensors there (the
+# allocator's NaN blocks, the outputs it encodes, the caching probe's two calls): DICE 3497 (4.5 GB
+# of inputs and outputs) ran out in our code at 4 slots per GPU (15.7 GiB). On a smaller problem,
+# running out is the candidate's doing.
+MEMORY_RETRY_SHARE = 0.25
 
 _SIGNAL_CAUSES = {
     "SIGXCPU": (enums.RESOURCE_EXHAUSTION, "CPU time limit (RLIMIT_CPU) exceeded"),
@@ -99,8 +113,19 @@ def _untrusted(report: Any) -> dict[str, Any]:
   return {"findings": findings, "evidence": evidence if raw else {},
           "forward_ops": _strings(report.get("forward_ops"), 64),
           "infra": str(report.get("infra") or "")[:500],
-          "error": {"outcome": enums.RUNTIME_ERROR, "message": str(error.get("message", ""))[:2000]}
+          "error": {"outcome": enums.RUNTIME_ERROR, "message": str(error.get("message", ""))[:2000],
+                    "out_of_memory": error.get("out_of_memory") is True}
                    if isinstance(error, dict) else None}
+
+
+def short_of_memory(judge_report: dict[str, Any] | None, cand_report: dict[str, Any]) -> bool:
+  """The candidate's process ran out of device memory (its own word: at worst it buys itself one
+  more run) on a problem the judge measured at MEMORY_RETRY_SHARE of that process's share or more
+  (the judge's word, which decides)."""
+  memory = (judge_report or {}).get("memory") or {}
+  share, problem = memory.get("share_bytes", 0), memory.get("problem_bytes", 0)
+  return bool((cand_report.get("error") or {}).get("out_of_memory")) and share > 0 and (
+      problem >= MEMORY_RETRY_SHARE * share)
 
 
 def merge(options: job_lib.JobOptions, judge: dict[str, Any], cand: dict[str, Any],
@@ -156,4 +181,7 @@ def merge(options: job_lib.JobOptions, judge: dict[str, Any], cand: dict[str, An
   if verdict.pop("stopped", False) and any(f["kind"] in exploits.REJECTING
                                            for f in verdict["exploits"]):
     verdict.update(outcome=enums.REJECTED, message="")  # stopped for that finding: it is the reason
-  return exploits.apply_policy(verdict)
+  verdict = exploits.apply_policy(verdict)
+  if verdict["outcome"] == enums.RUNTIME_ERROR and short_of_memory(report, cand["report"]):
+    verdict[SHORT_OF_MEMORY] = True
+  return verdict

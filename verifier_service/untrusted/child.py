@@ -34,7 +34,10 @@ Order:
                  after timing: a CUPTI session slows every later launch in the process
    finish        the end: final checks, then the report
 Any exception once candidate code has been loaded is the candidate's (it may have broken torch
-under the verifier's feet): RUNTIME_ERROR, never INFRA_ERROR.
+under the verifier's feet): RUNTIME_ERROR, never INFRA_ERROR. The report says when it was the
+allocator's out-of-memory error (`out_of_memory`): the scheduler may then run the job once more,
+alone on its GPU with every slot's memory (service/scheduler.py), if the judge finds the problem
+itself large for this process's share.
 """
 
 from __future__ import annotations
@@ -79,6 +82,15 @@ class CandidateError(Exception):
 def _oom(error: BaseException) -> list[tuple[str, str]]:
   text = f"{type(error).__name__}: {error}"
   return [(enums.RESOURCE_EXHAUSTION, text[:300])] if any(m in text for m in _OOM_MARKERS) else []
+
+
+_OUT_OF_MEMORY = torch.OutOfMemoryError  # bound before any candidate code can rebind torch's
+
+
+def _out_of_memory(error: BaseException | None) -> bool:
+  """The device allocator refused an allocation (torch.OutOfMemoryError: CUDA's caching
+  allocator over this process's cap or the GPU's memory)."""
+  return isinstance(error, _OUT_OF_MEMORY)
 
 
 def _patch_load_inline(modules: dict[str, str]) -> None:
@@ -428,17 +440,21 @@ def run(job: dict[str, Any], chan: wire.Channel, emit: Callable[[dict[str, Any]]
       return report
     report["finished"] = serve(side)
   except CandidateError as e:
-    report["error"] = {"outcome": e.outcome, "message": e.message}
+    report["error"] = {"outcome": e.outcome, "message": e.message,
+                       "out_of_memory": _out_of_memory(e.__cause__)}
     side.found.extend(e.found)
   except BaseException as e:  # pylint: disable=broad-except
     # The verifier's own code raised in this process after the candidate was loaded: the
-    # candidate broke the ground it stands on (an op it re-registered, a patched function).
+    # candidate broke the ground it stands on (an op it re-registered, a patched function), or
+    # its memory and ours no longer fit in this process's share.
     if not side.loading:
       report["infra"] = f"{type(e).__name__}: {e}"
     else:
       report["error"] = {"outcome": enums.RUNTIME_ERROR, "message": (
           f"verifier code in the candidate's process raised {type(e).__name__}: "
-          f"{str(e)[:300]} (after the candidate was loaded, so the candidate's doing)")}
+          f"{str(e)[:300]} (after the candidate was loaded, so the candidate's doing)"),
+          "out_of_memory": _out_of_memory(e)}
+      side.found.extend(_oom(e))
   finally:
     if side.loading:
       with contextlib.suppress(Exception):
