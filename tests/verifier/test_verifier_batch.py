@@ -150,10 +150,21 @@ def test_a_batch_never_holds_two_answers_to_one_problem():
   assert [len(c) for c in batch.chunks(anonymous, 2)] == [2, 2, 1]
 
 
+_KERNEL = HEAD + "__global__ void k() {}\n"
+
+
+def _stand_in(tmp_path, compile_fn) -> batch.Batcher:
+  """A Batcher whose compiler is `compile_fn`, a stand-in whose objects (missing files) fail the
+  batch check, so every member is told to build alone; its preprocessing writes empty files."""
+  async def run(argv, cwd):
+    (cwd / argv[-1]).write_text("")
+    return 0, ""
+  return batch.Batcher(compile_fn, run, tmp_path, gather_s=0.05)
+
+
 def test_members_arriving_while_a_batch_compiles_get_a_batch_of_their_own(tmp_path):
   """The gathering ends when its batch starts compiling: later arrivals are not left waiting
-  for the next arrival to start another (here the compiler is a stand-in that takes 0.3 s and
-  whose objects fail the batch check, so every member is told to build alone)."""
+  for the next arrival to start another (here each compile takes 0.3 s)."""
   compiled = []
 
   async def compile_fn(cmd, text, filename, module_id, files):
@@ -161,16 +172,11 @@ def test_members_arriving_while_a_batch_compiles_get_a_batch_of_their_own(tmp_pa
     await asyncio.sleep(0.3)
     return str(tmp_path / "missing.o"), ""
 
-  async def run(argv, cwd):
-    (cwd / argv[-1]).write_text("")
-    return 0, ""
-
   async def go():
-    batcher = batch.Batcher(compile_fn, run, tmp_path, gather_s=0.05)
-    text = HEAD + "__global__ void k() {}\n"
-    first = [asyncio.ensure_future(batcher.compile(["nvcc"], None, text, p)) for p in "ab"]
+    batcher = _stand_in(tmp_path, compile_fn)
+    first = [asyncio.ensure_future(batcher.compile(["nvcc"], None, _KERNEL, p)) for p in "ab"]
     await asyncio.sleep(0.2)  # the first batch is compiling now
-    later = [asyncio.ensure_future(batcher.compile(["nvcc"], None, text, p)) for p in "cd"]
+    later = [asyncio.ensure_future(batcher.compile(["nvcc"], None, _KERNEL, p)) for p in "cd"]
     return await asyncio.wait_for(asyncio.gather(*first, *later), 10), batcher.stats
 
   results, stats = asyncio.run(go())
@@ -192,15 +198,10 @@ def test_the_include_blocks_own_object_compiles_alongside_the_first_batch(tmp_pa
     spans[kind] = [start, asyncio.get_running_loop().time()]
     return str(tmp_path / "missing.o"), ""
 
-  async def run(argv, cwd):
-    (cwd / argv[-1]).write_text("")
-    return 0, ""
-
   async def go():
-    batcher = batch.Batcher(compile_fn, run, tmp_path, gather_s=0.05)
-    text = HEAD + "__global__ void k() {}\n"
+    batcher = _stand_in(tmp_path, compile_fn)
     return await asyncio.wait_for(asyncio.gather(
-        *(batcher.compile(["nvcc"], None, text, p) for p in "ab")), 10)
+        *(batcher.compile(["nvcc"], None, _KERNEL, p) for p in "ab")), 10)
 
   results = asyncio.run(go())
   assert all("its batch was not used" in why for _, why in results)
