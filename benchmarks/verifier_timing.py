@@ -222,9 +222,9 @@ def main() -> None:
     finally:
       await scheduler.stop()
 
-  verdicts_by_slots = {}
+  verdicts_by_pass = {}  # by label(slots, variant)
   for slots, variant in passes:
-    modules, built, verdicts_by_slots[label(slots, variant)] = asyncio.run(
+    modules, built, verdicts_by_pass[label(slots, variant)] = asyncio.run(
         service(slots, variant, pairs))
   pairs = built
   child._patch_load_inline(modules)  # pylint: disable=protected-access
@@ -236,7 +236,7 @@ def main() -> None:
     except Exception as e:  # pylint: disable=broad-except
       print(f"{item['id']}: could not build: {type(e).__name__}: {e}", flush=True)
       continue
-    for slots, verdicts in verdicts_by_slots.items():  # keys "verdict_..." (first) and "..._<slots>"
+    for name, verdicts in verdicts_by_pass.items():  # keys "verdict_..." (first) and "..._<name>"
       if not verdicts:
         continue
       v = verdicts[i]
@@ -245,8 +245,8 @@ def main() -> None:
         fields.update(verdict_ref_us=v.timing.reference.median_us,
                       verdict_cand_us=v.timing.candidate.median_us,
                       verdict_speedup=v.timing.speedup, verdict_speedup_warm=v.timing.speedup_warm)
-      row.update({f"{k}_{slots}": value for k, value in fields.items()})
-      if slots == label(*passes[0]):
+      row.update({f"{k}_{name}": value for k, value in fields.items()})
+      if name == label(*passes[0]):
         row.update(fields)
     if args.dry_run:
       rows.append(row)
@@ -285,15 +285,16 @@ def main() -> None:
         "small_references": len(small),
         "added_us_vs_do_bench_small_refs": {m: added(m) for m in ("cold", "warm", "old",
                                                                    "kernelbench")}})
-    for slots in verdicts_by_slots:  # the service's verdicts, per pass
-      summary[f"verdicts_{slots}_slots_per_gpu"] = {
-          "speedup_ratio_warm_vs_kernelbench": ratio(f"verdict_speedup_warm_{slots}",
+    for name in verdicts_by_pass:  # the service's verdicts, per pass
+      summary[f"verdicts_{name}_slots_per_gpu"] = {
+          "speedup_ratio_warm_vs_kernelbench": ratio(f"verdict_speedup_warm_{name}",
                                                      "speedup_kernelbench"),
-          "speedup_ratio_cold_vs_do_bench": ratio(f"verdict_speedup_{slots}", "speedup_do_bench"),
-          "ref_vs_in_process_cold": ratio(f"verdict_ref_us_{slots}", "ref_cold_us"),
-          "cand_vs_in_process_cold": ratio(f"verdict_cand_us_{slots}", "cand_cold_us"),
+          "speedup_ratio_cold_vs_do_bench": ratio(f"verdict_speedup_{name}", "speedup_do_bench"),
+          "ref_vs_in_process_cold": ratio(f"verdict_ref_us_{name}", "ref_cold_us"),
+          "cand_vs_in_process_cold": ratio(f"verdict_cand_us_{name}", "cand_cold_us"),
+          # the lock's state and where both sides timed ("held; on cpu 15"), waits left out
           "timing_lock": dict(collections.Counter(
-              r.get(f"timing_lock_{slots}", "").split(" (")[0].split(";")[0] for r in rows))}
+              re.sub(r" \([^)]*\)", "", r.get(f"timing_lock_{name}", "")) for r in rows))}
   print("summary:", json.dumps(summary, indent=1))
   if args.out:
     pathlib.Path(args.out).write_text(json.dumps({"summary": summary, "rows": rows}, indent=1))
