@@ -1,0 +1,85 @@
+"""benchmarks/verifier_rl_burst.py at toy size on CPU: the step plan's mix, and the whole script
+through the trainer's client to a served verifier (`--dry`: every candidate ends at the static
+checks, since one compile takes 20-40 s on the CI machine)."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import random
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import rl_burst_mix as mix_lib  # noqa: E402
+
+from dice_jax.data import extract  # noqa: E402
+from dice_jax.data import problems as problems_lib  # noqa: E402
+from verifier_service.compile import checks  # noqa: E402
+
+
+def _problems(n: int) -> list[mix_lib.Problem]:
+  return [mix_lib.Problem(p.id, p.reference_source, p.prefix, p.middle, p.suffix)
+          for p in problems_lib.load_problems(f"synthetic:all?split=train&limit={n}")]
+
+
+def test_every_kind_is_the_candidate_it_claims_to_be():
+  """Fresh kinds are distinct texts that the trainer's extraction accepts; duplicates are the
+  same text, reformatted ones the same CUDA but for layout; the static checks pass them all
+  (each is decided by compiling or running, as in RL), and `dry` stops every one of them there."""
+  problem = _problems(1)[0]
+  mix = {kind: 1.0 for kind in mix_lib.KINDS}
+  history: dict[str, list[str]] = {}
+  step0 = mix_lib.plan_step([problem], 40, 1, mix, random.Random(1), 0, history)
+  step1 = mix_lib.plan_step([problem], 40, 2, mix, random.Random(2), 1, history)
+  assert {s.kind for s in step0 + step1} == set(mix_lib.KINDS)
+  for phase, step in ((1, step0), (2, step1)):
+    fresh = [s.middle for s in step if s.kind not in ("duplicate", "near_duplicate", "repeat")]
+    assert len(set(fresh)) == len(fresh)
+    for sample in step:
+      found = extract.extract_candidate(sample.completion, phase=phase, prefix=problem.prefix,
+                                        suffix=problem.suffix)
+      assert found.ok, (sample.kind, found.failure)
+      assert found.candidate == problem.prefix + sample.middle + problem.suffix
+      assert checks.check_sources(problem.reference, found.candidate).outcome is None, sample.kind
+  middles = [s.middle for s in step0]
+  for sample in step0:
+    if sample.kind == "duplicate":
+      assert sample.middle in middles[:middles.index(sample.middle) + 1]
+    if sample.kind == "near_duplicate":  # the layout of another sample, changed
+      bare = lambda m: " ".join(m.replace("// one thread per element", "").split())
+      assert any(m != sample.middle and bare(m) == bare(sample.middle) for m in middles)
+  assert any(s.kind == "repeat" and s.middle in history[problem.id] for s in step1)
+  dry = mix_lib.plan_step([problem], 10, 1, mix, random.Random(3), 2, {}, dry=True)
+  assert {checks.check_sources(problem.reference, problem.prefix + s.middle + problem.suffix)
+          .outcome for s in dry} == {"REJECTED"}
+
+
+def test_mix_refuses_unknown_kinds_and_copies_alone():
+  with pytest.raises(ValueError, match="unknown sample kind 'corect'"):
+    mix_lib.parse_mix("corect=1")
+  with pytest.raises(ValueError, match="needs a kind that is not a copy"):
+    mix_lib.parse_mix("duplicate=1")
+
+
+def test_the_benchmark_runs_end_to_end_and_writes_its_figures(tmp_path):
+  out = tmp_path / "burst.json"
+  proc = subprocess.run(
+      [sys.executable, str(ROOT / "benchmarks" / "verifier_rl_burst.py"), "--dry", "--no-gpu",
+       "--synthetic-share", "1", "--problems-per-step", "2", "--samples", "4", "--steps", "3",
+       "--compile-workers", "1", "--json", str(out)],
+      capture_output=True, text=True, timeout=120, cwd=ROOT)
+  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+  report = json.loads(out.read_text())
+  for key in ("verdicts_per_s", "step_p50_s", "step_p90_s", "cold_step_s", "date", "hardware",
+              "cpu_s_per_compile", "gpu_s_per_job", "outcomes"):
+    assert key in report, key
+  assert report["mode"] == "dry" and report["steps_run"] == 3
+  assert [s["completions"] for s in report["steps"]] == [8, 8, 8]
+  assert report["outcomes"] == {"REJECTED": 24}
+  assert all(s["compiles"] == 0 for s in report["steps"])
+  assert "step 2: 8 completions" in proc.stdout and "targets (one 16-core H200 box)" in proc.stdout
