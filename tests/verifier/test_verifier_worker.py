@@ -143,6 +143,39 @@ def test_exception_crash_and_hang_are_attributed_and_leave_the_worker_usable(cpu
   assert verify(cpu_server, "scaled_add").outcome == pb.OK
 
 
+def test_a_hang_ends_within_the_budget_scaled_to_the_reference(cpu_server):
+  """The run stage's limit is the judge's budget (run/budget.py), not run_timeout_s: a candidate
+  that hangs in its first call on a reference of microseconds is killed after the budget's floor
+  (5 s) and its calls' share, though the ceiling is 120 s, and the verdict says what the budget
+  was and how it was made."""
+  hung = verify(cpu_server, "hang", run_timeout_s=120)
+  before_run = sum(t.duration_s for t in hung.stage_timings if t.stage in (
+      pb.STAGE_STATIC_CHECK, pb.STAGE_COMPILE, pb.STAGE_QUEUE))
+  assert hung.outcome == pb.TIMEOUT, hung.message
+  assert hung.stage == pb.STAGE_CORRECTNESS
+  found = re.search(r"exceeded its budget in STAGE_CORRECTNESS: ([\d.]+) s for load, correctness "
+                    r"and probes: 5 s \+ 10 calls x .* ms \(20x the reference's call\).*\(scaled "
+                    r"to the reference's measured time; the ceiling is 120.0 s\)", hung.message)
+  assert found and 5 <= float(found.group(1)) < 6, hung.message
+  assert hung.total_s - before_run < 15, hung  # before the budget: 120 s
+  assert [e.kind for e in hung.exploits] == [pb.HANG]
+  assert "past its" in hung.exploits[0].evidence
+
+
+def test_a_slow_honest_candidate_is_timed_at_its_own_pace_not_killed(cpu_server):
+  """After the first trial the budget follows the candidate's own pace, as the judge timed it:
+  0.3 s a call is far beyond 20x a reference of microseconds, and the whole run (about 25 calls)
+  is longer than the floor, yet the candidate is verified, not killed."""
+  slow = kernels.cpp_candidate("scaled_add").replace(
+      "    def forward(self, a, b):\n",
+      "    def forward(self, a, b):\n        import time\n        time.sleep(0.3)\n")
+  verdict = verify(cpu_server, "slow_but_right", candidate=slow, run_timeout_s=120)
+  assert verdict.outcome == pb.OK, verdict.message
+  run_s = sum(t.duration_s for t in verdict.stage_timings
+              if t.stage in (pb.STAGE_LOAD, pb.STAGE_CORRECTNESS, pb.STAGE_TIMING))
+  assert run_s > 5, run_s
+
+
 def _kill_workers(pool) -> None:
   for slot in pool.slots:
     try:

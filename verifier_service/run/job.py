@@ -29,6 +29,11 @@ class JobOptions:
   plausible_speedup: float  # a larger speedup is reported as IMPLAUSIBLE_SPEEDUP
   policy: str  # enums.POLICIES
   min_custom_kernel_fraction: float  # the strict policy's bound
+  # The run stage's budget scaled to the problem (run/budget.py): at least this many seconds per
+  # stretch, and a candidate call allowed `budget_slowdown` x the reference's before its own pace
+  # is known; 0: no scaled budget, `run_timeout_s` alone.
+  budget_floor_s: float
+  budget_slowdown: float
 
   def __post_init__(self) -> None:
     if self.precision not in enums.PRECISIONS:

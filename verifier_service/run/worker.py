@@ -9,6 +9,8 @@ at stderr so that stray prints cannot corrupt it, and job children never inherit
   {"type": "accepted", "job_id": ...}                           the job was read
   {"type": "started", "job_id": ..., "pid": CANDIDATE, "pids": [CANDIDATE, JUDGE]}  (= pgids)
   {"type": "phase", "job_id": ..., "phase": "STAGE_..."}         as the judge goes
+  {"type": "budget", "job_id": ..., "seconds": ..., "why": ...}   the judge's budget for what is
+                                                                 left (run/budget.py)
   {"type": "done", "job_id": ..., "result": {...}, "status": {...}, "log_tail": "..."}
 
 The trust boundary (ARCHITECTURE.md, "The verifier's trust boundary"). Each job runs in two children forked from this process:
@@ -184,6 +186,12 @@ class _Child:
       elif self.role == JUDGE and message["phase"].startswith("STAGE_"):
         self.phase = message["phase"]
         _send(out, {"type": "phase", "job_id": job_id, "phase": message["phase"]})
+    elif message.get("type") == "budget" and self.role == JUDGE:
+      # The next stretch's time budget (run/budget.py): only the judge may set one.
+      seconds = message.get("seconds")
+      if isinstance(seconds, (int, float)) and 0 < seconds < float("inf"):
+        _send(out, {"type": "budget", "job_id": job_id, "seconds": float(seconds),
+                    "why": str(message.get("why", ""))[:400]})
     elif message.get("type") == "result":
       if message.get("nonce") != self.nonce or not isinstance(message.get("result"), dict):
         self.forged.append({"kind": enums.MONKEY_PATCH,

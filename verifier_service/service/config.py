@@ -81,6 +81,12 @@ class ServerConfig:
   # scheduler puts them.
   timing_core: bool = True
   verdict_store_size: int = 100_000  # verdicts kept on disk (by request id) across restarts
+  # --- the run stage at RL speed (run/budget.py, run/worker.py, service/text_key.py) ---
+  # The run stage's budget scaled to the reference's measured time: at least run_budget_floor_s
+  # per stretch of a job, a candidate call allowed run_budget_slowdown x the reference's until its
+  # own pace is known; run_timeout_s stays the ceiling. 0: run_timeout_s alone.
+  run_budget_floor_s: float = 5.0
+  run_budget_slowdown: float = 20.0
 
   def __post_init__(self) -> None:
     if self.policy not in POLICIES:
@@ -132,4 +138,6 @@ def resolve_options(options: pb.VerifyOptions, config: ServerConfig) -> job_lib.
       min_custom_kernel_fraction=(min(options.min_custom_kernel_fraction, 1.0)
                                   if options.min_custom_kernel_fraction > 0
                                   else config.strict_min_fraction),
+      budget_floor_s=config.run_budget_floor_s,
+      budget_slowdown=max(0.0, config.run_budget_slowdown),
   )

@@ -7,6 +7,9 @@ the Verdict-shaped dict the worker merged from both children (trusted/verdict.py
 they ended); two failures only the pool can see are classified here:
 
   - time limit hit                      TIMEOUT (exploit HANG) in the stage the judge was in
+The time limit is the judge's latest budget for the stretch it is in (run/budget.py: scaled to the
+reference's measured time and then to the candidate's own pace), never beyond `timeout_s` from
+the job's start; the TIMEOUT's message says which limit it was and how it was made.
   - worker process died or hung         INFRA_ERROR; the slot restarts its worker
 Exploits already found (including system calls the sandbox refused) stay on a TIMEOUT verdict,
 and `exploits.apply_policy` decides its outcome.
@@ -114,20 +117,19 @@ class WorkerSlot:
     self.jobs_run += 1
     for send in range(2):
       phase, children, accepted = enums.STAGE_LOAD, [], False
+      limit = _Limit(timeout_s)
       try:
         if self._proc is None or self._proc.returncode is not None:
           await self.restart()
         written = time.monotonic()
         self._proc.stdin.write((json.dumps(job) + "\n").encode())
         await self._proc.stdin.drain()
-        deadline = time.monotonic() + timeout_s
-        timed_out = False
+        limit.start()
         while True:
-          remaining = deadline - time.monotonic()
-          if remaining <= 0 and not timed_out:
-            timed_out = True
+          remaining = (limit.grace_end or limit.deadline) - time.monotonic()
+          if remaining <= 0 and not limit.killed_at:
+            limit.kill()
             _kill(children)
-            deadline = time.monotonic() + _KILL_GRACE_S
             continue
           if remaining <= 0:
             raise WorkerDied(f"worker {self.name} did not report after killing its job")
@@ -141,12 +143,14 @@ class WorkerSlot:
           kind = message["type"]
           if kind == "started":
             children = list(message.get("pids", [message["pid"]]))
+          elif kind == "budget":
+            limit.tighten(message.get("seconds"), message.get("why", ""))
           elif kind == "phase":
             phase = message["phase"]
             if on_phase is not None:
               on_phase(phase)
           elif kind == "done":
-            verdict = _classify(message, phase, timed_out, timeout_s)
+            verdict = _classify(message, phase, limit if limit.killed_at else None)
             # where the slot's time went (run/worker._timings), plus the round trip to it
             verdict["worker_timings"] = dict(message.get("worker_timings") or {},
                                              slot=time.monotonic() - written)
@@ -186,16 +190,50 @@ def _kill(pgids: list[int]) -> None:
       os.killpg(pgid, signal.SIGKILL)
 
 
-def _classify(done: dict[str, Any], phase: str, timed_out: bool,
-              timeout_s: float) -> dict[str, Any]:
+class _Limit:
+  """A job's deadline: `timeout_s` from its start, or sooner where the judge's budget says so."""
+
+  def __init__(self, timeout_s: float):
+    self.timeout_s = timeout_s
+    self.started = self.ceiling = self.deadline = 0.0
+    self.killed_at = self.grace_end = 0.0  # 0: not killed
+    self.budget_s, self.why = 0.0, ""
+
+  def start(self) -> None:
+    self.started = time.monotonic()
+    self.ceiling = self.deadline = self.started + self.timeout_s
+
+  def tighten(self, seconds: Any, why: str) -> None:
+    """The judge's budget for the stretch it starts now (replacing the one before)."""
+    if isinstance(seconds, (int, float)) and seconds > 0:
+      self.budget_s, self.why = float(seconds), str(why)
+      self.deadline = min(self.ceiling, time.monotonic() + self.budget_s)
+
+  def kill(self) -> None:
+    """The deadline passed: the job's processes are killed now, and reported within a grace."""
+    self.killed_at = time.monotonic()
+    self.grace_end = self.killed_at + _KILL_GRACE_S
+
+  def describe(self, phase: str) -> tuple[str, str]:
+    """(the TIMEOUT's message, the HANG's evidence)."""
+    elapsed = self.killed_at - self.started
+    if self.deadline < self.ceiling:
+      return (f"run stage exceeded its budget in {phase}: {self.budget_s:.1f} s for {self.why} "
+              f"(scaled to the reference's measured time; the ceiling is {self.timeout_s:.1f} s)",
+              f"killed after {elapsed:.1f} s in {phase}, past its {self.budget_s:.1f} s budget")
+    return (f"run stage exceeded {self.timeout_s:.1f} s (in {phase})",
+            f"killed after {self.timeout_s:.1f} s in {phase}")
+
+
+def _classify(done: dict[str, Any], phase: str, limit: _Limit | None) -> dict[str, Any]:
+  """The verdict of a finished job; `limit`: the job was killed at that limit."""
   result = done.get("result")
-  if timed_out:
+  if limit is not None:
     # Hacks found before the hang stay; what the kill itself caused (SIGKILL) is not evidence.
     found = [f for f in (result or {}).get("exploits", []) if f["kind"] in exploits.REJECTING]
-    verdict = {"outcome": enums.TIMEOUT, "stage": phase,
-               "message": f"run stage exceeded {timeout_s:.1f} s (in {phase})",
-               "exploits": [{"kind": enums.HANG,
-                             "evidence": f"killed after {timeout_s:.1f} s in {phase}"}] + found}
+    message, evidence = limit.describe(phase)
+    verdict = {"outcome": enums.TIMEOUT, "stage": phase, "message": message,
+               "exploits": [{"kind": enums.HANG, "evidence": evidence}] + found}
     for key in ("policy", "trials", "environment"):
       if result and key in result:
         verdict[key] = result[key]

@@ -48,6 +48,7 @@ from typing import Any, Callable
 import torch
 
 from verifier_service import enums
+from verifier_service.run import budget as budget_lib
 from verifier_service.run import job as job_lib
 from verifier_service.run import ops
 from verifier_service.run import policy
@@ -101,6 +102,8 @@ class Judge:
     self.spec: list[dict[str, Any]] = []
     self.ref_aliases_inputs = False
     self.input_bytes = 0  # the largest inputs of a trial so far
+    self.reference_s = 0.0  # one call of the reference (run/budget.py)
+    self.pace_s = 0.0  # the slowest trial's exchange with the candidate's side, as timed here
     self.parts: dict[str, float] = {}  # seconds per part of the timing stage and after (`part`)
 
   # ------------------------------------------------------------------ plumbing
@@ -137,6 +140,11 @@ class Judge:
   def sync(self) -> None:
     if self.device.type == "cuda":
       torch.cuda.synchronize()
+
+  def budget(self, budget: budget_lib.Budget | None) -> None:
+    """Tells the worker (and through it the pool) how long the next stretch of the job may take."""
+    if budget is not None:
+      self.emit(budget.to_message())
 
   def tell(self, header: dict[str, Any]) -> None:
     try:
@@ -177,13 +185,22 @@ class Judge:
       self.reference = reference.to(self.dtype) if self.dtype else reference
       args = problem.inputs(self.get_inputs, self.seed, self.device, self.dtype)
       recorder = ops.OpRecorder()
+      start = time.perf_counter()
       with torch.no_grad(), recorder:
         out = self.reference(*args)
       self.sync()
+      self.reference_s = time.perf_counter() - start
+      if self.reference_s < budget_lib.REMEASURE_BELOW_S:
+        start = time.perf_counter()
+        with torch.no_grad():
+          self.reference(*args)
+        self.sync()
+        self.reference_s = min(self.reference_s, time.perf_counter() - start)
     except Exception as e:  # pylint: disable=broad-except
       raise Ended(enums.BAD_REFERENCE, f"reference failed to load or run: {type(e).__name__}: "
                   f"{e}") from e
     self.spec = wire.spec(out)
+    self.input_bytes = wire.payload_bytes(wire.spec(args))
     self.ref_aliases_inputs = problem.overlap(problem.spans(out), problem.spans(args))
     self.result["reference_ops"] = sorted(recorder.counts)
     self.tell({"op": "meta", "sizes": problem.output_sizes(out),
@@ -205,10 +222,12 @@ class Judge:
       raise Ended(enums.BAD_REFERENCE, f"get_inputs() raised {type(e).__name__}: {e}") from e
     in_spec = wire.spec(args)
     self.input_bytes = max(self.input_bytes, wire.payload_bytes(in_spec))
+    sent = time.perf_counter()
     self.tell({"op": "trial", "seed": seed})  # the candidate computes while the reference does
     ref_out = self.run_reference(args)
     try:
       reply, payload = self.chan.recv(wire.payload_bytes(self.spec) + wire.payload_bytes(in_spec))
+      self.pace_s = max(self.pace_s, time.perf_counter() - sent)
     except wire.OversizedPayload as e:  # e.g. float64 outputs where the reference has float32
       _, why, _ = self.decode(self.spec, e.header.get("outputs"), memoryview(b""))
       if why:
@@ -243,14 +262,23 @@ class Judge:
                                       "reference does not"))
     return record
 
+  @property
+  def trial_bytes(self) -> int:
+    """Bytes of one trial's answer: the outputs and the inputs after the call."""
+    return wire.payload_bytes(self.spec) + self.input_bytes
+
   def correctness(self) -> None:
     self.enter(enums.STAGE_CORRECTNESS)
-    for seed in problem.trial_seeds(self.seed, self.opts.num_correctness_trials):
+    seeds = problem.trial_seeds(self.seed, self.opts.num_correctness_trials)
+    for n, seed in enumerate(seeds):
       record = self.trial(seed)
       self.result["trials"].append(record)
       if not record["passed"]:
         raise Ended(enums.INCORRECT, f"trial {len(self.result['trials'])} (seed {seed}): "
                     f"{record['message']}")
+      if n == 0:
+        self.budget(budget_lib.after_trial(self.opts, self.pace_s, len(seeds) - 1,
+                                           self.trial_bytes))
 
   def probes(self) -> None:
     seed_a, seed_b = self.seed + 1, self.seed + 2
@@ -449,6 +477,7 @@ def run(job: dict[str, Any], chan: wire.Channel, emit: Callable[[dict[str, Any]]
     except Exception as e:  # pylint: disable=broad-except
       raise Ended(enums.INFRA_ERROR, f"judge setup failed: {type(e).__name__}: {e}") from e
     judge.load_reference()
+    judge.budget(budget_lib.first(judge.opts, judge.reference_s, judge.trial_bytes))
     judge.ask({"op": "load"})
     judge.correctness()
     judge.probes()
@@ -456,8 +485,11 @@ def run(job: dict[str, Any], chan: wire.Channel, emit: Callable[[dict[str, Any]]
       core = timing.timing_core(judge.device) if job.get("sandbox", {}).get(
           "timing_core", True) else None
       mark = time.monotonic()
+      judge.budget(budget_lib.lock_wait(judge.opts))
       with gpu_lock.held() as state, timing.on_core(core) as where:
         judge.part("timing_lock_wait", mark)
+        judge.budget(budget_lib.timed(judge.opts, judge.reference_s, judge.pace_s,
+                                      wire.payload_bytes(judge.spec), VERIFIED_CALLS))
         result["environment"]["timing_lock"] = f"{state}; {where}"
         judge.time_both(core, gpu_lock.warmup_s())
     mark = time.monotonic()
