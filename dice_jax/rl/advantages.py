@@ -23,7 +23,7 @@ import jax.numpy as jnp
 
 Estimator = Callable[[jax.Array, jax.Array, jax.Array, jax.Array], jax.Array]
 _STD_EPS = 1e-4
-_EQUAL = 1e-6  # rewards closer than this are "equal" (no variance)
+EQUAL = 1e-6  # rewards closer than this are "equal" (no variance)
 
 
 def _group_stats(rewards_PxG: jax.Array, valid_PxG: jax.Array):
@@ -62,7 +62,7 @@ def compute(name: str, rewards_PxG: jax.Array, valid_PxG: jax.Array
   big = jnp.finfo(jnp.float32).max
   spread_P = (jnp.max(jnp.where(valid_PxG, rewards_PxG, -big), axis=1)
               - jnp.min(jnp.where(valid_PxG, rewards_PxG, big), axis=1))
-  signal_P = (count_P >= 2) & (spread_P > _EQUAL)
+  signal_P = (count_P >= 2) & (spread_P > EQUAL)
   weights_PxG = v * signal_P[:, None]
   advantages_PxG = ESTIMATORS[name](rewards_PxG, v, count_P, mean_P) * weights_PxG
   groups = rewards_PxG.shape[0]

@@ -37,19 +37,22 @@ class RLBatch:
   reward_valid: jax.Array | None = None  # bool B: False for excluded outcomes (zero weight)
   advantages: jax.Array | None = None    # float32 B: set by the update from the rewards, per group
   weights: jax.Array | None = None       # float32 B: the advantage estimator's row weights
+  prox_logp: jax.Array | None = None     # float32 BxG: under the params the update starts from, set by
+                                         # the update for stale rollouts (algo.stale_correction)
 
   # Field -> (dimensions, dtype); the one statement of the batch's layout.
   SHAPES: ClassVar[dict[str, tuple[str, Any]]] = {
       "prompt": ("BP", jnp.int32), "prompt_lengths": ("B", jnp.int32), "tokens": ("BG", jnp.int32),
       "valid": ("BG", jnp.bool_), "commit_rank": ("BG", jnp.int32), "old_logp": ("BG", jnp.float32),
       "score_keys": ("B2", jnp.uint32), "ref_logp": ("BG", jnp.float32), "rewards": ("B", jnp.float32),
-      "reward_valid": ("B", jnp.bool_), "advantages": ("B", jnp.float32), "weights": ("B", jnp.float32)}
+      "reward_valid": ("B", jnp.bool_), "advantages": ("B", jnp.float32), "weights": ("B", jnp.float32),
+      "prox_logp": ("BG", jnp.float32)}
 
   @classmethod
   def abstract(cls, rows: int, prompt_width: int, gen_length: int, sharding: Any, *,
                with_ref: bool) -> RLBatch:
     """ShapeDtypeStructs of the batch an update step takes: rollout, rewards, and `ref_logp` when
-    the KL is to a frozen reference (advantages are the update's own, so absent)."""
+    the KL is to a frozen reference (advantages, weights and prox_logp are the update's own, so absent)."""
     sizes = {"B": rows, "P": prompt_width, "G": gen_length, "2": 2}
     present = {"rewards", "reward_valid"} | ({"ref_logp"} if with_ref else set())
     values = {}

@@ -6,7 +6,7 @@ loopback, three phase-1 steps then three phase-2 steps. `configs/tiny.yaml` spel
 out (a test keeps them equal); the SDAR recipes (`configs/dice_sdar_*.yaml`) override them.
 
 Sections (dotted `key=value` overrides address them): model, data, rollout, algo, train,
-curriculum, rewards, verifier, pipeline, optimizer, mesh, distributed, checkpoint, logging.
+curriculum, rewards, verifier, pipeline, kl_guard, optimizer, mesh, distributed, checkpoint, logging.
 """
 
 from __future__ import annotations
@@ -97,11 +97,16 @@ class RolloutSection(SamplerConfig):
   # Rows per sampler call (a multiple of the data x fsdp devices); null: all rows in one call.
   batch_size: int | None = None
   seed: int = 0
+  # DAPO's dynamic sampling (dice_jax.rl.dynamic): groups whose rewards are all equal are dropped
+  # and the step's batch refilled from up to `max_refills` more rollouts of prompts_per_step prompts.
+  dynamic_sampling: bool = False
+  max_refills: int = 2
 
   def __post_init__(self):
     super().__post_init__()
     for key in ("prompts_per_step", "group_size"):
       require(getattr(self, key) > 0, key, f"must be > 0, got {getattr(self, key)}")
+    require(self.max_refills >= 0, "max_refills", f"must be >= 0, got {self.max_refills}")
     require(self.group_size >= 2, "group_size", f"group advantages need >= 2 responses per prompt, got "
             f"{self.group_size}")
     rows = self.prompts_per_step * self.group_size
@@ -188,9 +193,24 @@ class VerifierSection:
 
 @dataclasses.dataclass(frozen=True)
 class PipelineSection:
-  # Sample step k+1 (with the params that existed before update k) while step k is verified.
-  # Off: strictly on-policy, the accelerator idles while kernels compile.
+  # Sample step k+1 (with the params that existed before update k) while step k is verified; its
+  # update corrects for that staleness as algo.stale_correction says. Off: strictly on-policy, the
+  # accelerator idles while kernels compile.
   overlap: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
+class KLGuardSection:
+  """What happens when an update's mean KL (the `kl` metric, algo.kl_estimator against
+  algo.kl_reference) exceeds `max_kl`: `cut_lr` multiplies the learning rate by `lr_factor` for the
+  rest of the run, `stop` ends it with exit code 5, keeping the last checkpoint (dice_jax.rl.guard)."""
+  max_kl: float | None = 1.0  # null: no guard
+  action: Literal["cut_lr", "stop"] = "cut_lr"
+  lr_factor: float = 0.5
+
+  def __post_init__(self):
+    require(self.max_kl is None or self.max_kl > 0, "max_kl", f"must be > 0 or null, got {self.max_kl}")
+    require(0 < self.lr_factor < 1, "lr_factor", f"must be in (0, 1), got {self.lr_factor}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -217,8 +237,10 @@ class RLConfig:
   rewards: RewardConfig = dataclasses.field(default_factory=lambda: RewardConfig(preset="auto"))
   verifier: VerifierSection = dataclasses.field(default_factory=VerifierSection)
   pipeline: PipelineSection = dataclasses.field(default_factory=PipelineSection)
+  kl_guard: KLGuardSection = dataclasses.field(default_factory=KLGuardSection)
+  # Warm-up in optimizer updates (train.steps x train.num_minibatches of them in a run).
   optimizer: OptimizerConfig = dataclasses.field(
-      default_factory=lambda: OptimizerConfig(lr=1e-3, schedule="constant", max_grad_norm=1.0))
+      default_factory=lambda: OptimizerConfig(lr=1e-3, schedule="constant", warmup_steps=2, max_grad_norm=1.0))
   mesh: MeshConfig = dataclasses.field(default_factory=MeshConfig)
   distributed: DistributedConfig = dataclasses.field(default_factory=DistributedConfig)
   checkpoint: CheckpointConfig = dataclasses.field(default_factory=lambda: CheckpointConfig(every_steps=3, keep=2))

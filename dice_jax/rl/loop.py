@@ -7,10 +7,18 @@ Step k (k = 0 .. train.steps-1) is one rollout batch and one `update_step` call:
 With `pipeline.overlap` the loop samples R_{k+1} with θ_k (the params before update k) and submits
 it to the verifier *before* waiting for R_k's verdicts, so the accelerator samples while the
 verifier compiles; update k then runs, and R_{k+1}'s ratio is taken against the log-probs θ_k
-recorded (one step off-policy, importance-weighted and clipped). Without overlap every rollout is
-sampled with the newest params and the accelerator idles during verification. Either way the
-*old* log-probs in a batch are those of the params that sampled it. `timing/wait_frac` is the
-fraction of each step the loop sat blocked on verdicts with nothing queued on the accelerator.
+recorded (one step off-policy). Update k+1 then re-scores R_{k+1} under θ_{k+1} and takes its
+clipped ratio against those log-probs, weighting each token by a truncated importance weight from
+θ_k to θ_{k+1} (`algo.stale_correction=decoupled`, dice_jax.rl.update says why). Without overlap
+every rollout is sampled with the newest params and the accelerator idles during verification.
+Either way the *old* log-probs in a batch are those of the params that sampled it.
+`timing/wait_frac` is the fraction of each step the loop sat blocked on verdicts with nothing
+queued on the accelerator.
+
+With `rollout.dynamic_sampling`, groups whose rewards are all equal are replaced before the update
+by informative groups of up to `rollout.max_refills` extra rollouts of the same step, sampled with
+the current params and verified then (dice_jax.rl.dynamic). After each update the KL spike guard
+(dice_jax.rl.guard, the `kl_guard` section) may cut the learning rate or stop the run.
 
 Checkpoints (params, optimizer, RNG, step, data-stream position, curriculum state) are taken with
 nothing in flight: before a scheduled checkpoint step, or when asked to stop, the loop does not
@@ -43,9 +51,10 @@ from dice_jax.metrics_log import MetricsLogger, truncate_jsonl
 from dice_jax.model import hf_io
 from dice_jax.rewards import defaults
 from dice_jax.rewards.shaping import RewardComponent
-from dice_jax.rl import rewarding, samples, setup, summary
+from dice_jax.rl import dynamic, rewarding, samples, setup, summary
 from dice_jax.rl.config import RLConfig
 from dice_jax.rl.curriculum import Curriculum
+from dice_jax.rl.guard import KLGuard
 from dice_jax.rl.rollout import InFlight, RolloutEngine
 from dice_jax.train.optim import cast_floating
 from dice_jax.train.step import TrainingDiverged
@@ -123,6 +132,7 @@ class _Loop:
     self.history: list[dict[str, float]] = []
     self.batch_sharding = sharding.batch_sharding(run.mesh, 1)
     self.compute_dtype = jnp.dtype(cfg.model.dtype)
+    self.guard = KLGuard(cfg.kl_guard)
 
   def _scheduled(self, step: int) -> bool:
     return step % self.cfg.checkpoint.every_steps == 0 or step == self.cfg.train.steps
@@ -170,24 +180,46 @@ class _Loop:
       current = nxt if nxt is not None else (self._launch(self.step) if self.step < total else None)
     return "done"
 
+  def _score(self, rollout: InFlight, verdicts) -> rewarding.Scored:
+    g = self.cfg.rollout.group_size
+    return rewarding.score(self.shaper, rollout.prompts, rollout.completions, verdicts,
+                           collate(rollout.items, g, REWARD_COLUMNS), [i // g for i in range(len(rollout.completions))])
+
+  def _refill(self, step: int, refill: int) -> dynamic.Sampled:
+    """The step's `refill`-th extra rollout (dynamic sampling): drawn, sampled with the current
+    params, verified and scored before the update."""
+    n1, n2 = self.counts[step]
+    items = self.run.stream.next_batch(n1, n2)
+    extra = self.engine.start(step, cast_floating(self.state.params, self.compute_dtype), items, refill=refill)
+    return dynamic.Sampled(extra, self._score(extra, extra.verdicts.result()))
+
   def _update(self, current: InFlight, verdicts, logger: MetricsLogger) -> dict[str, float]:
     g = self.cfg.rollout.group_size
-    columns = collate(current.items, g, REWARD_COLUMNS)
-    scored = rewarding.score(self.shaper, current.prompts, current.completions, verdicts, columns,
-                             [i // g for i in range(len(current.completions))])
+    scored = self._score(current, verdicts)
     if logger.enabled and self.cfg.logging.samples_per_phase:
+      columns = collate(current.items, g, REWARD_COLUMNS)
       rows = samples.pick_rows(columns["phase"], g, self.cfg.logging.samples_per_phase)
       samples.write_step(logger.run_dir, current.step + 1, rows, labels=scored.labels, verdicts=verdicts,
                          completions=current.completions, columns=columns, total=scored.result.total,
                          valid=scored.result.valid, components=scored.result.components)
-    batch = current.batch.replace(rewards=self.engine.reward_array(scored.result.total, "float32"),
-                                  reward_valid=self.engine.reward_array(scored.result.valid, "bool"))
+    extra: dict[str, float] = {}
+    if self.cfg.rollout.dynamic_sampling:
+      filled = dynamic.fill(dynamic.Sampled(current, scored), lambda r: self._refill(current.step, r),
+                            groups=self.cfg.rollout.prompts_per_step, group_size=g,
+                            max_refills=self.cfg.rollout.max_refills, reward_array=self.engine.reward_array)
+      batch, extra = filled.batch, filled.metrics
+    else:
+      batch = current.batch.replace(rewards=self.engine.reward_array(scored.result.total, "float32"),
+                                    reward_valid=self.engine.reward_array(scored.result.valid, "bool"))
     batch = jax.device_put(batch, self.batch_sharding)
     self.state, device_metrics = self.run.compiled(self.state, batch)
     metrics = {k: float(v) for k, v in jax.device_get(device_metrics).items()}
     if not math.isfinite(metrics["loss"]):
       raise TrainingDiverged(f"loss is {metrics['loss']} at step {current.step + 1}; the last good checkpoint is "
                              f"step {self.run.checkpointer.latest_step()}")
+    self.state, guarded = self.guard.check(current.step + 1, metrics, self.state,
+                                           last_checkpoint=self.run.checkpointer.latest_step())
+    metrics |= extra | guarded
     if len(scored.speedups):
       logger.histogram(current.step + 1, "speedup_dist", scored.speedups)
       if logger.enabled:

@@ -108,11 +108,14 @@ class RolloutEngine:
       ids[row, :len(prompt.ids)] = prompt.ids
     return ids, np.array([len(p.ids) for p in prompts], np.int32)
 
-  def start(self, step: int, params: Any, items: list[dict[str, Any]]) -> InFlight:
-    """Samples this step's rollout with `params` and submits its completions (returns at once)."""
+  def start(self, step: int, params: Any, items: list[dict[str, Any]], refill: int = 0) -> InFlight:
+    """Samples this step's rollout with `params` and submits its completions (returns at once).
+    `refill` > 0: the step's refill-th extra rollout (dice_jax.rl.dynamic), with its own random key."""
     t0 = time.perf_counter()
     ids, lengths = self.prompt_arrays(items)
     key = jax.random.fold_in(jax.random.key(self.cfg.rollout.seed), step)
+    if refill:
+      key = jax.random.fold_in(key, (1 << 30) + refill)
     chunks, finished, mismatch = [], [], []
     algo = self.cfg.algo
     with jax.set_mesh(self.mesh):

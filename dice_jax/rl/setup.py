@@ -48,6 +48,9 @@ def _check_batch(cfg: RLConfig, mesh: jax.sharding.Mesh) -> None:
   if r.prompts_per_step % procs or chunk % (procs * r.group_size):
     raise ConfigError(f"rollout: with {procs} processes, prompts_per_step and batch_size / group_size must be "
                       "multiples of the process count")
+  if r.dynamic_sampling and procs > 1:
+    raise ConfigError(f"rollout.dynamic_sampling: supported in a single process only (this run has {procs}): "
+                      "which groups to drop and refill is decided where the rewards are, per process")
   micro = rows // t.num_minibatches // t.grad_accum_steps
   if micro % ways:
     log.warning("a micro-batch of %d rows does not split over the %d-way data x fsdp mesh: its activations are "
@@ -117,8 +120,12 @@ class Run:
                         f"max_position_embeddings={model_config.max_position_embeddings}")
     self.book = PromptBook(cfg.data, self.tokenizer)
     c = cfg.curriculum
+    # Phase 2's stream exists whenever its files are given, also while this run stays in phase 1:
+    # its position is part of every checkpoint, so the run can be continued past the switch by
+    # raising train.steps (benchmarks/rl_learning.py continues its arms 20 steps at a time).
     self.stream = self.book.stream(cfg.data.phase1_files, cfg.data.phase2_files, need_phase1=c.phase1_steps != 0,
-                                   need_phase2=c.schedule == "metric" or c.phase1_steps < cfg.train.steps)
+                                   need_phase2=bool(cfg.data.phase2_files) or c.schedule == "metric"
+                                   or c.phase1_steps < cfg.train.steps)
     cfg.rewards.custom_components()  # import user reward functions now: a typo fails in seconds
     self.verify_options = cfg.verifier.options()
     pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="verifier-start")
@@ -133,7 +140,7 @@ class Run:
 
   def _build_training(self, model_config) -> None:
     cfg = self.cfg
-    tx, schedule = make_optimizer(cfg.optimizer, cfg.train.steps * cfg.train.num_minibatches)
+    tx, schedule = make_optimizer(cfg.optimizer, cfg.train.steps * cfg.train.num_minibatches, adjustable=True)
     self.graphdef, abstract_params, params_sharding = model_setup.abstract_params(model_config, self.mesh)
     shardings = state_shardings(tx, params_sharding, abstract_params, self.mesh)
     target = abstract_state(tx, abstract_params, shardings)
@@ -162,7 +169,8 @@ class Run:
       return
     update_step = make_update_step(self.graphdef, self.spec, cfg.algo, tx, schedule,
                                    group_size=cfg.rollout.group_size, num_minibatches=cfg.train.num_minibatches,
-                                   grad_accum_steps=cfg.train.grad_accum_steps, compute_dtype=compute)
+                                   grad_accum_steps=cfg.train.grad_accum_steps, compute_dtype=compute,
+                                   decoupled=cfg.pipeline.overlap and cfg.algo.stale_correction == "decoupled")
     batch_sharding = sharding.batch_sharding(self.mesh, 1)
     r = cfg.rollout
     abstract_batch = RLBatch.abstract(r.prompts_per_step * r.group_size, cfg.data.max_prompt_length, r.gen_length,

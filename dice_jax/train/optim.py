@@ -2,6 +2,16 @@
 
 Master weights stay in float32 in the train state; the step casts a copy to the compute dtype
 (`cast_floating`) for the forward pass, so gradients and the AdamW moments are float32.
+
+Warm-up: `warmup_steps` optimizer updates rising linearly from 0 to `lr` (optax schedules). RL
+starts a fresh AdamW state, whose first updates are about `lr` in every coordinate whatever the
+gradient's size (m / sqrt(v) is +-1 after one step), so its default run warms up too.
+
+An adjustable optimizer (`make_optimizer(..., adjustable=True)`, what RL builds) ends its chain
+with `optax.inject_hyperparams(optax.scale)`: a scale on every update, held as a scalar in the
+optimizer state, which the host can lower between steps (`scale_lr`) without recompiling the step.
+The KL spike guard (dice_jax.rl.guard) cuts the learning rate this way. It changes the optimizer
+state's structure, so an RL checkpoint written without it does not restore into it.
 """
 
 from __future__ import annotations
@@ -77,15 +87,35 @@ def decay_mask(params: Any) -> Any:
   return jax.tree_util.tree_map_with_path(rule, params)
 
 
-def make_optimizer(cfg: OptimizerConfig,
-                   total_steps: int) -> tuple[optax.GradientTransformation, optax.Schedule]:
-  """The optimizer and its schedule (the step logs `schedule(step)` as the learning rate)."""
+def make_optimizer(cfg: OptimizerConfig, total_steps: int, *,
+                   adjustable: bool = False) -> tuple[optax.GradientTransformation, optax.Schedule]:
+  """The optimizer and its schedule (the step logs `schedule(step)` as the learning rate).
+  `adjustable`: with a learning-rate scale the host can change (see the module docstring)."""
   schedule = make_schedule(cfg, total_steps)
-  adamw = optax.adamw(schedule, b1=cfg.b1, b2=cfg.b2, eps=cfg.eps,
-                      weight_decay=cfg.weight_decay, mask=decay_mask)
-  if cfg.max_grad_norm is None:
-    return adamw, schedule
-  return optax.chain(optax.clip_by_global_norm(cfg.max_grad_norm), adamw), schedule
+  parts = [] if cfg.max_grad_norm is None else [optax.clip_by_global_norm(cfg.max_grad_norm)]
+  parts.append(optax.adamw(schedule, b1=cfg.b1, b2=cfg.b2, eps=cfg.eps,
+                           weight_decay=cfg.weight_decay, mask=decay_mask))
+  if adjustable:
+    parts.append(optax.inject_hyperparams(optax.scale)(step_size=1.0))
+  return (parts[0] if len(parts) == 1 else optax.chain(*parts)), schedule
+
+
+_SCALE = "step_size"  # the hyperparameter of the adjustable optimizer's final optax.scale
+
+
+def lr_scale(opt_state: Any) -> jax.Array | None:
+  """The adjustable optimizer's learning-rate scale (None if the optimizer has none)."""
+  return optax.tree_utils.tree_get(opt_state, _SCALE, default=None)
+
+
+def scale_lr(opt_state: Any, factor: float) -> Any:
+  """`opt_state` with its learning-rate scale multiplied by `factor` (same structure, dtype and
+  sharding, so the compiled step takes it as it is). ValueError if the optimizer is not adjustable."""
+  current = lr_scale(opt_state)
+  if current is None:
+    raise ValueError("this optimizer has no learning-rate scale (make_optimizer(..., adjustable=True))")
+  value = jax.device_put(jnp.asarray(current * factor, current.dtype), current.sharding)
+  return optax.tree_utils.tree_set(opt_state, **{_SCALE: value})
 
 
 def cast_floating(tree: Any, dtype: jnp.dtype) -> Any:

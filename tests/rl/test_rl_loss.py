@@ -1,5 +1,6 @@
-"""The clipped policy loss: ratio exactly 1 on-policy, gradient sign follows the advantage, k3 KL,
-constant-length normalisation, padding after EOS masked out."""
+"""The clipped policy loss: ratio exactly 1 on-policy, gradient sign follows the advantage, the dual
+clip, the KL estimators (k2's bounded gradient, k3), the decoupled ratio of a stale rollout with
+its truncated importance weight, constant-length normalisation, padding after EOS masked out."""
 
 import jax
 import jax.numpy as jnp
@@ -52,8 +53,11 @@ def test_k3_kl_and_constant_normalisation():
   d = np.log(0.25) - np.log(0.5)
   np.testing.assert_allclose(np.asarray(loss_lib.k3(logp, ref)), [[np.exp(d) - d - 1, 0.0]], rtol=1e-6)
   # Zero advantage: the loss is beta * sum(k3) / (rows * norm_length), however many tokens are valid.
-  loss, _ = _loss(logp, logp, jnp.zeros(1), jnp.ones((1, 2), bool), kl_beta=0.5, kl_ref_BxG=ref, norm_length=10)
+  loss, _ = _loss(logp, logp, jnp.zeros(1), jnp.ones((1, 2), bool), kl_beta=0.5, kl_ref_BxG=ref, norm_length=10,
+                  kl_estimator="k3")
   assert float(loss) == pytest.approx(0.5 * (np.exp(d) - d - 1) / 10, rel=1e-5)
+  loss, _ = _loss(logp, logp, jnp.zeros(1), jnp.ones((1, 2), bool), kl_beta=0.5, kl_ref_BxG=ref, norm_length=10)
+  assert float(loss) == pytest.approx(0.5 * (d * d / 2) / 10, rel=1e-5)  # the default, k2: d^2 / 2
   # A zero-weight row (zero-variance group) contributes nothing, KL included.
   loss, _ = _loss(logp, logp, jnp.zeros(1), jnp.ones((1, 2), bool), weights=jnp.zeros(1), kl_beta=0.5,
                   kl_ref_BxG=ref)
@@ -71,7 +75,7 @@ def test_off_policy_ratio_and_kl_match_hand_computed_values():
   logp = jnp.log(jnp.array([[0.25, 0.6, 0.9], [0.5, 0.5, 0.1]]))
   old = jnp.log(jnp.array([[0.5, 0.5, 0.3], [0.25, 0.5, 0.1]]))
   mask = jnp.array([[True, True, False], [True, True, True]])
-  _, metrics = _loss(logp, old, jnp.array([1.0, -1.0]), mask)
+  _, metrics = _loss(logp, old, jnp.array([1.0, -1.0]), mask, kl_estimator="k3")
   ratios = np.array([0.5, 1.2, 2.0, 1.0, 1.0])  # the valid tokens: 0.25/0.5, 0.6/0.5, 0.5/0.25, 1, 1
   assert float(metrics["ratio_mean"]) == pytest.approx(ratios.mean(), rel=1e-6)
   assert float(metrics["ratio_max"]) == pytest.approx(2.0, rel=1e-6)  # row 0's 3.0 is masked out
@@ -100,3 +104,59 @@ def test_kl_log_ratio_is_clamped_and_masked_extremes_stay_finite():
   loss, grad = jax.value_and_grad(f)(logp)
   assert np.isfinite(float(loss)) and np.all(np.isfinite(np.asarray(grad)))
   assert float(grad[0, 1]) == 0.0
+
+
+def test_dual_clip_bounds_the_loss_of_a_large_ratio_under_a_negative_advantage():
+  """Ratio 50 with A = -1: the plain clipped surrogate is 50 per token and keeps pushing; the dual
+  clip (default c = 3) caps it at c |A| with no gradient, and counts the token."""
+  old = jnp.log(jnp.full((1, 2), 0.01))
+  logp = old + jnp.log(jnp.array([[50.0, 1.0]]))
+  mask, adv = jnp.ones((1, 2), bool), jnp.array([-1.0])
+  loss, metrics = _loss(logp, old, adv, mask, norm_length=1)
+  assert float(loss) == pytest.approx(3.0 + 1.0, rel=1e-5)  # 3 |A| for the first token, r |A| = 1 for the second
+  assert float(metrics["dual_clip_frac"]) == pytest.approx(0.5) and float(metrics["clip_frac"]) == pytest.approx(0.5)
+  grad = jax.grad(lambda lp: _loss(lp, old, adv, mask, norm_length=1)[0])(logp)
+  assert float(grad[0, 0]) == 0.0 and float(grad[0, 1]) > 0.0
+  unbounded, _ = _loss(logp, old, adv, mask, norm_length=1, dual_clip=None)
+  assert float(unbounded) == pytest.approx(51.0, rel=1e-5)
+  # A positive advantage is unaffected (the ordinary clip already bounds it).
+  assert float(_loss(logp, old, -adv, mask, norm_length=1)[0]) == pytest.approx(
+      float(_loss(logp, old, -adv, mask, norm_length=1, dual_clip=None)[0]))
+
+
+def test_default_kl_gradient_is_bounded_at_and_beyond_the_clamp():
+  """k2 (the default): per-token gradient clip(logp - ref, -C, C) * beta / (rows * norm_length), so a
+  token at the clamp or far past it pulls back with force C; k3's reaches e^C there."""
+  clamp = loss_lib.KL_LOG_RATIO_CLAMP
+  ref = jnp.log(jnp.full((1, 4), 0.5))
+  logp = ref + jnp.array([[-9.99, -30.0, 25.0, 0.5]])
+  mask, beta = jnp.ones((1, 4), bool), 1.0
+
+  def kl_grad(estimator):
+    return np.asarray(jax.grad(lambda lp: _loss(lp, lp, jnp.zeros(1), mask, norm_length=1, kl_beta=beta,
+                                                kl_ref_BxG=ref, kl_estimator=estimator)[0])(logp))
+
+  grad = kl_grad("k2")
+  np.testing.assert_allclose(grad, [[-9.99, -clamp, clamp, 0.5]], rtol=1e-4)
+  assert np.all(np.abs(grad) <= clamp * beta + 1e-4)
+  _, metrics = _loss(logp, logp, jnp.zeros(1), mask, norm_length=1, kl_beta=beta, kl_ref_BxG=ref)
+  assert float(metrics["kl_clamp_frac"]) == pytest.approx(0.5)  # -30 and 25 are past it, -9.99 is not
+  assert abs(kl_grad("k3")[0, 0]) > 2e4  # d = 9.99: 1 - e^9.99, what collapsed tokens fed the update
+
+
+def test_stale_rollout_ratio_is_to_the_proximal_policy_with_a_truncated_weight():
+  """A rollout sampled by older params (behaviour `old`) and re-scored under the update's starting
+  params (`prox`): the ratio is exp(logp - prox), 1 at the start of the update however stale the
+  rollout, and each token's surrogate is weighted by min(prox / old, is_cap)."""
+  old = jnp.log(jnp.array([[0.1, 0.4, 0.5]]))
+  prox = jnp.log(jnp.array([[0.3, 0.2, 0.5]]))  # prox / old: 3 (truncated to 2), 0.5, 1
+  mask, adv = jnp.ones((1, 3), bool), jnp.array([1.0])
+  _, metrics = _loss(prox, old, adv, mask, prox_logp_BxG=prox, is_cap=2.0, norm_length=1)
+  assert float(metrics["ratio_mean"]) == pytest.approx(1.0) and float(metrics["ratio_max"]) == pytest.approx(1.0)
+  assert float(metrics["is_weight_mean"]) == pytest.approx((2.0 + 0.5 + 1.0) / 3, rel=1e-5)
+  assert float(metrics["is_trunc_frac"]) == pytest.approx(1 / 3)
+  grad = jax.grad(lambda lp: _loss(lp, old, adv, mask, prox_logp_BxG=prox, is_cap=2.0, norm_length=1)[0])(prox)
+  np.testing.assert_allclose(np.asarray(grad), [[-2.0, -0.5, -1.0]], rtol=1e-5)
+  # Against the behaviour policy (no correction) the same tokens start off-policy: ratios 3, 0.5, 1.
+  _, behaviour = _loss(prox, old, adv, mask, norm_length=1)
+  assert float(behaviour["ratio_max"]) == pytest.approx(3.0, rel=1e-5)
