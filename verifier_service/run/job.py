@@ -14,6 +14,10 @@ from typing import Any
 
 from verifier_service import enums
 
+# The judge's note to the worker that its timing stage is over: the worker's next pair of job
+# processes may create their CUDA contexts now without one being made while a judge times.
+PHASE_TIMED = "TIMED"
+
 
 @dataclasses.dataclass(frozen=True)
 class JobOptions:

@@ -1,4 +1,4 @@
-"""A worker process: imports torch once, then forks two sandboxed children per job.
+"""A worker process: imports torch once, then forks two sandboxed children per job, ahead of it.
 
 Run as `python -m verifier_service.run.worker --device cuda` with CUDA_VISIBLE_DEVICES naming one GPU
 (the pool does this, one process per slot). Protocol: one JSON object per line. Jobs arrive on
@@ -22,14 +22,20 @@ Each is sandboxed on its own (sandbox.py) and they share nothing but that socket
 this process on a pipe of its own, with a per-job nonce (a candidate that writes a result line
 without knowing the nonce is caught forging it); the candidate's process also hands over its
 seccomp listener, through which the worker names every refused system call (`sandbox.Supervisor`).
-The worker then merges both reports and both exit statuses into one verdict (trusted/verdict.py):
-only this process and the judge decide anything.
+The worker then merges both reports (and, where one is missing, both exit statuses) into one
+verdict (trusted/verdict.py): only this process and the judge decide anything.
 
 Why fork per job: the worker never initialises CUDA, so each child creates its own context, and a
 child that hangs, crashes, corrupts its CUDA context or monkey-patches torch takes only itself
 down; torch's import cost (seconds) is paid once per slot, not per job. The job's modules are
-copied from the compile cache into the candidate's folder before the fork: the children never
-need to see the cache.
+copied from the compile cache into the candidate's folder: the children never need to see the
+cache.
+
+Ahead of the job (run/pair.py): while a job runs, the next job's pair is already forked and makes
+its CUDA contexts once the running judge's timing is over (`standby`, on unless the spec says
+otherwise), and a finished job's processes exit after its verdict is sent, not before. A job whose
+sandbox settings differ from the slot's (a retry alone on its GPU, with every slot's memory) gets
+a pair forked for it.
 
 `--device cpu` is the development/test mode (off by default; the server enables it only with
 `--cpu-test-mode`): the same children run reference and candidate on the CPU, which lets CI
@@ -40,263 +46,37 @@ poisoning with candidates whose load_inline has only C++ sources. It proves noth
 from __future__ import annotations
 
 import argparse
-import contextlib
-import faulthandler
 import io
 import json
 import os
-import secrets
 import select
 import shutil
-import signal
-import socket
 import sys
 import tempfile
 import time
-import traceback
 from typing import Any, TextIO
 
-from verifier_service import enums
 from verifier_service.run import job as job_lib
+from verifier_service.run import pair as pair_lib
 from verifier_service.run import sandbox
 
-LOG_TAIL_BYTES = 4096
-_EXIT_GRACE_S = 2.0
-JUDGE, CANDIDATE = "judge", "candidate"
+JUDGE, CANDIDATE = pair_lib.JUDGE, pair_lib.CANDIDATE
 
 
-def _send(out: TextIO, message: dict[str, Any]) -> None:
-  out.write(json.dumps(message) + "\n")
-  out.flush()
+class _Lines:
+  """Lines from a descriptor, read as they come (stdin of the worker, polled with other fds)."""
 
+  def __init__(self, fd: int):
+    self.fd, self._buffer, self.closed = fd, b"", False
 
-def _write_line(fd: int, message: dict[str, Any]) -> None:
-  data = (json.dumps(message) + "\n").encode()
-  while data:
-    data = data[os.write(fd, data):]
-
-
-def _close_other_fds(keep: set[int]) -> None:
-  for name in os.listdir("/proc/self/fd"):
-    fd = int(name)
-    if fd > 2 and fd not in keep:
-      try:
-        os.close(fd)
-      except OSError:
-        pass  # the listing's own descriptor
-
-
-def _child(role: str, job: dict[str, Any], job_dir: str, nonce: str, report_fd: int,
-           boundary: socket.socket, notify: socket.socket | None) -> None:
-  """Runs in a forked child (the judge or the candidate's process); never returns."""
-  code = 70
-  try:
-    os.setsid()
-    netns = sandbox.enter_namespaces() if job["sandbox"]["enabled"] else "off: disabled"
-    devnull = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(devnull, 0)  # the job pipe is the worker's, not the children's
-    log_fd = os.open(os.path.join(job_dir, "output.log"), os.O_WRONLY | os.O_CREAT, 0o644)
-    os.dup2(log_fd, 1)
-    os.dup2(log_fd, 2)
-    _close_other_fds({report_fd, boundary.fileno()} | ({notify.fileno()} if notify else set()))
-    sys.stdout = os.fdopen(1, "w", buffering=1)
-    sys.stderr = os.fdopen(2, "w", buffering=1)
-    faulthandler.enable()
-    os.chdir(job_dir)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    from verifier_service.run import wire  # pylint: disable=import-outside-toplevel
-    spec = job["sandbox"]
-    if spec["enabled"]:
-      policy = sandbox.Policy(job_dir=job_dir, read_only=spec["read_only"], uid=spec["uid"],
-                              memory_bytes=spec["memory_bytes"], cpu_s=spec["cpu_s"],
-                              file_bytes=spec["file_bytes"], strict=spec["strict"])
-
-    def lock_down() -> dict[str, str]:
-      if not spec["enabled"]:
-        return {"sandbox": "off: disabled by --no-sandbox"}
-      return sandbox.lock_down(policy, netns, notify)
-
-    emit = lambda msg: _write_line(report_fd, {"type": "phase", **msg})
-    chan = wire.Channel(boundary)
-    if role == JUDGE:
-      from verifier_service.trusted import judge  # pylint: disable=import-outside-toplevel
-      result = judge.run(job, chan, emit, lock_down)
-    else:
-      from verifier_service.untrusted import child  # pylint: disable=import-outside-toplevel
-      result = child.run(job, chan, emit, lock_down)
-    _write_line(report_fd, {"type": "result", "nonce": nonce, "result": result})
-    code = 0
-  except BaseException:  # pylint: disable=broad-except
-    traceback.print_exc()
-  finally:
-    try:
-      sys.stdout.flush()
-      sys.stderr.flush()
-    finally:
-      os._exit(code)  # pylint: disable=protected-access
-
-
-def _status(wait_status: int) -> dict[str, Any]:
-  if os.WIFSIGNALED(wait_status):
-    sig = os.WTERMSIG(wait_status)
-    return {"signal": sig, "signal_name": signal.Signals(sig).name}
-  return {"exit_code": os.WEXITSTATUS(wait_status)}
-
-
-def _tail(path: str) -> str:
-  try:
-    with open(path, "rb") as f:
-      f.seek(0, os.SEEK_END)
-      f.seek(max(0, f.tell() - LOG_TAIL_BYTES))
-      return f.read().decode("utf-8", "replace")
-  except OSError:
-    return ""
-
-
-class _Child:
-  """The worker's side of one child: its report pipe, its seccomp listener, its exit."""
-
-  def __init__(self, role: str, pid: int, report_fd: int, notify: socket.socket | None,
-               nonce: str, job_dir: str):
-    self.role, self.pid, self.report_fd, self.notify, self.nonce = (role, pid, report_fd, notify,
-                                                                    nonce)
-    self.job_dir = job_dir
-    self.pidfd = os.pidfd_open(pid)
-    self.result: dict[str, Any] | None = None
-    self.forged: list[dict[str, str]] = []
-    self.supervisor: sandbox.Supervisor | None = None
-    self.phase = enums.STAGE_LOAD
-    self.loading = False  # the candidate's process is about to execute candidate code
-    self.exited = self.drained = self.killed = False
-    self.wait_status: int | None = None
-    self.first_line_at = self.result_at = self.exited_at = 0.0  # time.monotonic(); 0: not yet
-    self._buffer = b""
-
-  def line(self, line: bytes, out: TextIO, job_id: str) -> None:
-    self.first_line_at = self.first_line_at or time.monotonic()
-    try:
-      message = json.loads(line)
-    except ValueError:
-      return
-    if not isinstance(message, dict):
-      return
-    if message.get("type") == "phase" and isinstance(message.get("phase"), str):
-      if message["phase"] == "CANDIDATE_LOADING" and self.role == CANDIDATE:
-        self.loading = True
-      elif self.role == JUDGE and message["phase"].startswith("STAGE_"):
-        self.phase = message["phase"]
-        _send(out, {"type": "phase", "job_id": job_id, "phase": message["phase"]})
-    elif message.get("type") == "budget" and self.role == JUDGE:
-      # The next stretch's time budget (run/budget.py): only the judge may set one.
-      seconds = message.get("seconds")
-      if isinstance(seconds, (int, float)) and 0 < seconds < float("inf"):
-        _send(out, {"type": "budget", "job_id": job_id, "seconds": float(seconds),
-                    "why": str(message.get("why", ""))[:400]})
-    elif message.get("type") == "result":
-      if message.get("nonce") != self.nonce or not isinstance(message.get("result"), dict):
-        self.forged.append({"kind": enums.MONKEY_PATCH,
-                            "evidence": "wrote a forged result to the verifier's report pipe"})
-      elif self.result is None:
-        self.result = message["result"]
-        self.result_at = time.monotonic()
-
-  def read(self, out: TextIO, job_id: str) -> None:
-    data = os.read(self.report_fd, 1 << 16)
+  def read(self) -> list[bytes]:
+    data = os.read(self.fd, 1 << 20)
     if not data:
-      self.drained = True
-      return
+      self.closed = True
+      return [self._buffer] if self._buffer.strip() else []
     self._buffer += data
     *lines, self._buffer = self._buffer.split(b"\n")
-    for line in lines:
-      self.line(line, out, job_id)
-
-  def kill(self) -> None:
-    with contextlib.suppress(ProcessLookupError):
-      os.killpg(self.pid, signal.SIGKILL)
-
-  def reap(self) -> dict[str, Any]:
-    if self.wait_status is None:
-      _, self.wait_status = os.waitpid(self.pid, 0)
-    os.close(self.pidfd)
-    os.close(self.report_fd)
-    if self.supervisor is not None:
-      self.supervisor.close()
-    if self.notify is not None:
-      self.notify.close()
-    return _status(self.wait_status)
-
-  @property
-  def violations(self) -> list[dict[str, str]]:
-    return (self.supervisor.violations if self.supervisor else []) + self.forged
-
-
-def _serve_children(children: list[_Child], out: TextIO, job_id: str) -> None:
-  """Serves both children until they exited and their pipes are drained. A child that lingers
-  after the other one is done (the judge finished and the candidate's threads keep its process
-  alive, or the other way round) is killed after a grace period."""
-  poller = select.poll()
-  owner: dict[int, tuple[_Child, str]] = {}
-
-  def watch(child: _Child, fd: int, what: str) -> None:
-    poller.register(fd, select.POLLIN)
-    owner[fd] = (child, what)
-
-  for child in children:
-    watch(child, child.pidfd, "exit")
-    watch(child, child.report_fd, "report")
-    if child.notify is not None:
-      watch(child, child.notify.fileno(), "notify")
-  deadline = None
-  while not all(c.drained and c.exited for c in children):
-    timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
-    events = poller.poll(None if timeout is None else int(timeout * 1000))
-    if not events and deadline is not None:
-      for child in children:
-        if not child.exited:
-          child.kill()
-          child.killed = True
-        elif not child.drained:  # exited, but a grandchild still holds the pipe open
-          child.drained = True
-          poller.unregister(child.report_fd)
-      deadline = time.monotonic() + _EXIT_GRACE_S
-      continue
-    for fd, _ in events:
-      child, what = owner[fd]
-      if what == "exit":
-        child.exited = True
-        child.exited_at = time.monotonic()
-        poller.unregister(fd)
-        _, child.wait_status = os.waitpid(child.pid, 0)
-        deadline = time.monotonic() + _EXIT_GRACE_S
-      elif what == "report":
-        child.read(out, job_id)
-        if child.drained:
-          poller.unregister(fd)
-      elif what == "notify":
-        poller.unregister(fd)
-        try:
-          _, fds, _, _ = socket.recv_fds(child.notify, 1, 1)
-        except OSError:
-          fds = []
-        if fds:
-          child.supervisor = sandbox.Supervisor(fds[0])
-          watch(child, fds[0], "seccomp")
-      elif what == "seccomp":
-        child.supervisor.handle()
-
-
-def _stage_modules(job: dict[str, Any], job_dir: str) -> None:
-  """Copies the job's built modules out of the compile cache into its own folder."""
-  modules = job.get("modules")
-  if not modules:
-    return
-  staged = {}
-  for i, (fingerprint, path) in enumerate(sorted(modules.items())):
-    folder = os.path.join(job_dir, "ext", str(i))
-    os.makedirs(folder)
-    staged[fingerprint] = shutil.copyfile(path, os.path.join(folder, os.path.basename(path)))
-    os.chmod(staged[fingerprint], 0o555)
-  job["modules"] = staged
+    return [line for line in lines if line.strip()]
 
 
 def serve(device: str, out: TextIO, sandbox_spec: dict[str, Any]) -> None:
@@ -305,6 +85,7 @@ def serve(device: str, out: TextIO, sandbox_spec: dict[str, Any]) -> None:
   This process must never initialise CUDA (nor call torch.cuda.is_available(), which poisons
   fork on recent torch): every child creates its own context. It also stays single-threaded,
   since fork() copies only the calling thread (and a user namespace needs a single thread).
+  While it waits for a job it collects the exits of finished jobs' processes.
   """
   import torch  # pylint: disable=import-outside-toplevel
   # Imported once here, inherited by every job's processes.
@@ -314,17 +95,82 @@ def serve(device: str, out: TextIO, sandbox_spec: dict[str, Any]) -> None:
   sandbox_spec = dict(sandbox_spec, read_only=sandbox.default_read_only(
       sandbox_spec.get("read_only", [])))
   threads = len(os.listdir("/proc/self/task")) if os.path.isdir("/proc/self/task") else 1
-  _send(out, {"type": "ready", "pid": os.getpid(), "device": device, "threads": threads,
-              "torch_version": torch.__version__, "cuda_version": torch.version.cuda or "",
-              "sandbox": probe(sandbox_spec)})
-  for line in sys.stdin:
-    if not line.strip():
-      continue
-    job = json.loads(line)
-    _send(out, {"type": "accepted", "job_id": job["job_id"]})  # before any child exists
-    job["device"] = device
-    job["sandbox"] = _scaled(sandbox_spec, job.pop("memory_scale", 1))
-    _send(out, run_job(job, out))
+  send(out, {"type": "ready", "pid": os.getpid(), "device": device, "threads": threads,
+             "torch_version": torch.__version__, "cuda_version": torch.version.cuda or "",
+             "sandbox": probe(sandbox_spec)})
+  slot = _Slot(device, sandbox_spec)
+  slot.prepare_next(None)  # the first job's pair, set up while no job is waiting
+  slot.set_up_next()
+  stdin = _Lines(sys.stdin.fileno())
+  try:
+    while not stdin.closed:
+      fds = {p.pidfd: pair for pair in slot.retiring for p in pair.processes}
+      ready, _, _ = select.select([stdin.fd, *fds], [], [])
+      if any(fd in fds for fd in ready):
+        slot.collect()
+      if stdin.fd in ready:
+        for line in stdin.read():
+          job = json.loads(line)
+          send(out, {"type": "accepted", "job_id": job["job_id"]})  # before any child runs it
+          send(out, slot.run(job, out))
+  finally:
+    slot.close()
+
+
+send = pair_lib.send
+
+
+class _Slot:
+  """The worker's pairs: the one running a job, the standby for the next, the finished ones."""
+
+  def __init__(self, device: str, spec: dict[str, Any]):
+    self.device, self.spec = device, spec
+    self.standby_on = bool(spec.get("standby", True))
+    self.standby: pair_lib.Pair | None = None
+    self.retiring: list[pair_lib.Pair] = []
+
+  def run(self, job: dict[str, Any], out: TextIO) -> dict[str, Any]:
+    job["device"] = self.device
+    job["sandbox"] = _scaled(self.spec, job.pop("memory_scale", 1))
+    if not self.standby_on:  # each job forked for it and reaped before its verdict is sent
+      return run_job(job, out)
+    pair, waited = None, 0.0
+    if job["sandbox"] is self.spec and self.standby is not None:
+      pair, self.standby = self.standby, None
+      if not pair.alive():  # a standby process died while waiting: not this job's to pay for
+        pair.discard()
+        pair = None
+      else:
+        waited = time.monotonic() - pair.forked_at
+    done = run_job(job, out, pair=pair, before_serving=self.prepare_next,
+                   on_timed=self.set_up_next)
+    done["worker_timings"]["standby_age"] = round(waited, 4)
+    self.set_up_next()
+    return done
+
+  def prepare_next(self, running: pair_lib.Pair | None) -> None:
+    """Forks the next job's pair while this one runs; it sets up once this one's timing is over."""
+    if running is not None:
+      self.retiring.append(running)
+    if self.standby_on and self.standby is None:
+      try:
+        self.standby = pair_lib.Pair.fork(self.device, self.spec)
+      except OSError:
+        self.standby = None  # the next job forks its own
+
+  def set_up_next(self) -> None:
+    if self.standby is not None:
+      self.standby.setup()
+
+  def collect(self) -> None:
+    self.retiring = [pair for pair in self.retiring if not pair.reap()]
+
+  def close(self) -> None:
+    if self.standby is not None:
+      self.standby.discard()
+    for pair in self.retiring:
+      pair.kill()
+      pair.reap(block=True)
 
 
 def _scaled(spec: dict[str, Any], scale: Any) -> dict[str, Any]:
@@ -336,8 +182,10 @@ def _scaled(spec: dict[str, Any], scale: Any) -> dict[str, Any]:
   return dict(spec, **{k: min(0.9, spec[k] * scale) for k in keys if spec.get(k)})
 
 
-def run_job(job: dict[str, Any], out: TextIO | None = None) -> dict[str, Any]:
-  """Forks the judge and the candidate's process for one job, serves both, merges their reports.
+def run_job(job: dict[str, Any], out: TextIO | None = None, pair: pair_lib.Pair | None = None,
+            before_serving=None, on_timed=None) -> dict[str, Any]:
+  """Runs one job in a pair of processes (`pair`, set up ahead, or one forked now), merges their
+  reports.
 
   `job` carries sources, options, modules and the sandbox settings; `out` gets "started" and
   "phase" messages (None: nobody listens). Returns the "done" message, whose "result" is the
@@ -346,109 +194,88 @@ def run_job(job: dict[str, Any], out: TextIO | None = None) -> dict[str, Any]:
   (config.resolve_options), "kernel_names", "device", "job_id" and "modules" (None: the
   candidate's load_inline compiles with torch's own).
 
-  1. Copy the job's built modules into the candidate's folder (`_stage_modules`).
-  2. Fork the judge, then the candidate's process (`_fork_job`).
-  3. Serve both until they exited and their pipes are drained (`_serve_children`).
-  4. Reap both and merge their reports into the verdict (`_merge`).
-  5. Attach the candidate's log tail; remove both folders.
-  An OSError in 1-2 (copying, forking) is the verifier's: both children die, the result is None.
+  1. Fork the pair unless one is given; copy the job's modules into the candidate's folder and
+     hand both processes the job (`Pair.start`).
+  2. `before_serving(pair)` (the worker: fork the next pair, and keep this one to reap later);
+     without it this pair is reaped here, after the verdict is made.
+  3. Serve both until both reported, or until both exited (`Pair.serve`).
+  4. Merge their reports into the verdict (`_merge`), with the candidate's log tail.
+  An OSError in 1 (copying, forking) is the verifier's: both children die, the result is None.
   The "done" message also carries `worker_timings`: where the job's seconds went in this process
   (`_timings`).
   """
   out = out if out is not None else io.StringIO()
   job.setdefault("sandbox", {"enabled": False})
-  cand_dir = tempfile.mkdtemp(prefix="dice-job-")
-  judge_dir = tempfile.mkdtemp(prefix="dice-judge-")
   done: dict[str, Any] = {"type": "done", "job_id": job["job_id"], "result": None}
-  children: list[_Child] = []
   marks = {"start": time.monotonic()}
   try:
-    _stage_modules(job, cand_dir)  # 1
-    marks["staged"] = time.monotonic()
-    children = _fork_job(job, cand_dir, judge_dir, out)  # 2
+    if pair is None:
+      pair = pair_lib.Pair.fork(job["device"], job["sandbox"])  # 1
     marks["forked"] = time.monotonic()
-    _serve_children(children, out, job["job_id"])  # 3
-    marks["served"] = time.monotonic()
-    done.update(_merge(job_lib.JobOptions.from_json(job["options"]), children))  # 4
-    marks["merged"] = time.monotonic()
+    pair.start(job)
+    marks["staged"] = time.monotonic()
+    send(out, {"type": "started", "job_id": job["job_id"], "pid": pair.candidate.pid,
+               "pids": [pair.candidate.pid, pair.judge.pid]})
   except OSError as e:
-    for child in children:
-      child.kill()
+    if pair is not None:
+      pair.kill()
+      pair.reap(block=True)
     done.update(status={"exit_code": -1, "error": str(e)})
-  done["log_tail"] = _tail(os.path.join(cand_dir, "output.log"))  # 5
-  shutil.rmtree(cand_dir, ignore_errors=True)
-  shutil.rmtree(judge_dir, ignore_errors=True)
+    marks["end"] = time.monotonic()
+    done["worker_timings"] = _timings(marks, None)
+    return done
+  if before_serving is not None:
+    before_serving(pair)  # 2
+  marks["prepared"] = time.monotonic()
+  pair.serve(out, job["job_id"], on_timed)  # 3
+  marks["served"] = time.monotonic()
+  done.update(_merge(job_lib.JobOptions.from_json(job["options"]), pair))  # 4
+  done["log_tail"] = pair_lib.tail(os.path.join(pair.cand_dir, "output.log"))
+  marks["merged"] = time.monotonic()
+  pair.retire()
+  if before_serving is None:
+    pair.reap(block=True)
   marks["end"] = time.monotonic()
-  done["worker_timings"] = _timings(marks, children)
+  done["worker_timings"] = _timings(marks, pair)
   return done
 
 
-def _timings(marks: dict[str, float], children: list[_Child]) -> dict[str, float]:
+def _timings(marks: dict[str, float], pair: pair_lib.Pair | None) -> dict[str, float]:
   """Seconds of one job in the worker, part by part (a part that did not happen is left out):
-  stage_modules, fork; judge_start (fork to the judge's first message: its process set-up before
-  the load stage), judge_run (from there to its result: the stages it reports); exit (the judge's
-  result to both children exited and drained: the candidate's final checks and both processes'
-  exits, CUDA contexts included; judge_exit and candidate_exit from the same moment); merge;
-  cleanup (log tails, folders); total; and the judge's own parts of its run, from its report
-  (trusted/judge.Judge.part)."""
-  spans = {"stage_modules": ("start", "staged"), "fork": ("staged", "forked"),
-           "merge": ("served", "merged")}
+  fork (0 for a pair forked ahead), stage_modules (copying modules and handing the job over),
+  standby (forking the next job's pair meanwhile); judge_start (the job handed over to the
+  judge's first message: what is left of its set-up), judge_run (from there to its result: the
+  stages it reports); exit (the judge's result to the job's end for the slot: the candidate's
+  final checks and report, or the exits where a process did not report); merge; cleanup (log
+  tails, and folders where reaped here); total; and the judge's own parts of its run, from its
+  report (trusted/judge.Judge.part)."""
+  spans = {"fork": ("start", "forked"), "stage_modules": ("forked", "staged"),
+           "standby": ("staged", "prepared"), "merge": ("served", "merged")}
   out = {name: marks[b] - marks[a] for name, (a, b) in spans.items() if a in marks and b in marks}
-  judge = next((c for c in children if c.role == JUDGE), None)
+  judge = pair.judge if pair is not None else None
   if judge is not None and isinstance((judge.result or {}).get("timing_parts"), dict):
     out.update({k: v for k, v in judge.result["timing_parts"].items()
                 if isinstance(v, (int, float))})
-  if judge is not None and "forked" in marks and judge.first_line_at:
-    out["judge_start"] = judge.first_line_at - marks["forked"]
+  if judge is not None and "staged" in marks and judge.first_line_at:
+    out["judge_start"] = judge.first_line_at - marks["staged"]
     if judge.result_at:
       out["judge_run"] = judge.result_at - judge.first_line_at
       if "served" in marks:
         out["exit"] = marks["served"] - judge.result_at
-      for child in children:  # each process's exit, counted from the judge's result
-        if child.exited_at:
-          out[f"{child.role}_exit"] = child.exited_at - judge.result_at
   out["cleanup"] = marks["end"] - marks.get("merged", marks["end"])
   out["total"] = marks["end"] - marks["start"]
   return {k: round(v, 4) for k, v in out.items()}
 
 
-def _merge(options: job_lib.JobOptions, children: list[_Child]) -> dict[str, Any]:
-  """Reaps both children; their exit statuses and the verdict merged from their reports."""
+def _merge(options: job_lib.JobOptions, pair: pair_lib.Pair) -> dict[str, Any]:
+  """The processes' statuses and the verdict merged from their reports."""
   from verifier_service.trusted import verdict  # pylint: disable=import-outside-toplevel
-  sides = {}
-  for child in children:
-    status = dict(child.reap(), **({"killed_by_worker": True} if child.killed else {}))
-    sides[child.role] = {"report": child.result, "status": status, "phase": child.phase,
-                         "loading": child.loading,
-                         "log_tail": _tail(os.path.join(child.job_dir, "output.log"))}
-  violations = [v for child in children for v in child.violations]
+  sides = {p.role: {"report": p.result, "status": p.status, "phase": p.phase, "loading": p.loading,
+                    "log_tail": pair_lib.tail(os.path.join(p.job_dir, "output.log"))}
+           for p in pair.processes}
+  violations = [v for p in pair.processes for v in p.violations]
   return {"status": {role: side["status"] for role, side in sides.items()},
           "result": verdict.merge(options, sides[JUDGE], sides[CANDIDATE], violations)}
-
-
-def _fork_job(job: dict[str, Any], cand_dir: str, judge_dir: str, out: TextIO) -> list[_Child]:
-  """Forks the judge, then the candidate's process; returns their worker-side handles."""
-  nonce = secrets.token_hex(16)
-  judge_end, cand_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-  children = []
-  for role, job_dir, boundary in ((JUDGE, judge_dir, judge_end), (CANDIDATE, cand_dir, cand_end)):
-    report_r, report_w = os.pipe()
-    notify_parent = notify_child = None
-    if role == CANDIDATE:
-      notify_parent, notify_child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-    pid = os.fork()
-    if pid == 0:
-      os.close(report_r)
-      _child(role, job, job_dir, nonce, report_w, boundary, notify_child)
-    os.close(report_w)
-    if notify_child is not None:
-      notify_child.close()
-    children.append(_Child(role, pid, report_r, notify_parent, nonce, job_dir))
-  judge_end.close()
-  cand_end.close()
-  _send(out, {"type": "started", "job_id": job["job_id"], "pid": children[1].pid,
-              "pids": [children[1].pid, children[0].pid]})
-  return children
 
 
 def probe(spec: dict[str, Any]) -> dict[str, str]:
@@ -464,10 +291,10 @@ def probe(spec: dict[str, Any]) -> dict[str, str]:
       os.close(read_fd)
       netns = sandbox.enter_namespaces()
       policy = sandbox.Policy(job_dir=job_dir, read_only=spec["read_only"], uid=spec["uid"])
-      _write_line(write_fd, sandbox.lock_down(policy, netns, None))
+      pair_lib.write_line(write_fd, sandbox.lock_down(policy, netns, None))
       code = 0
     except BaseException as e:  # pylint: disable=broad-except
-      _write_line(write_fd, {"error": f"{type(e).__name__}: {e}"})
+      pair_lib.write_line(write_fd, {"error": f"{type(e).__name__}: {e}"})
     finally:
       os._exit(code)  # pylint: disable=protected-access
   os.close(write_fd)

@@ -87,6 +87,10 @@ class ServerConfig:
   # own pace is known; run_timeout_s stays the ceiling. 0: run_timeout_s alone.
   run_budget_floor_s: float = 5.0
   run_budget_slowdown: float = 20.0
+  # Each worker forks the next job's pair of processes while a job runs, and lets it make its CUDA
+  # contexts once that job's timing is over; a finished job's processes exit after its verdict is
+  # sent (run/pair.py). False: fork per job, reap before the verdict.
+  standby_processes: bool = True
 
   def __post_init__(self) -> None:
     if self.policy not in POLICIES:
@@ -110,6 +114,7 @@ class ServerConfig:
             "cpu_s": int(2 * self.max_run_timeout_s + 60), "file_bytes": self.sandbox_file_bytes,
             "gpu_memory_fraction": self.gpu_memory_fraction or 0.45 / slots,
             "judge_gpu_memory_fraction": 0.45 / slots, "timing_core": self.timing_core,
+            "standby": self.standby_processes,
             "read_only": [cuda_root] if cuda_root else []}
 
 

@@ -436,7 +436,10 @@ class Judge:
         "speedup_warm": ref_w["median_us"] / max(cand_w["median_us"], 1e-9)}
 
 
-def _setup(device: torch.device, fraction: float) -> dict[str, str]:
+def setup(device_name: str, fraction: float) -> dict[str, str]:
+  """The judge's trusted setup, before its job (run/pair.py): one CPU thread, and on a GPU its
+  CUDA context and memory cap. Returns the Verdict environment fields (GPU name and arch)."""
+  device = torch.device(device_name)
   torch.set_num_threads(1)
   if device.type != "cuda":
     return {}
@@ -463,15 +466,17 @@ def _finish(chan: wire.Channel, largest: int) -> None:
 
 
 def run(job: dict[str, Any], chan: wire.Channel, emit: Callable[[dict[str, Any]], None],
-        lock_down: Callable[[], dict[str, str]]) -> dict[str, Any]:
-  """The trusted side of one job; returns the judge's report for the worker."""
+        lock_down: Callable[[], dict[str, str]], set_up: dict[str, Any]) -> dict[str, Any]:
+  """The trusted side of one job; returns the judge's report for the worker. `set_up` is what
+  `setup` returned before the job ({"environment": ...}), or why it failed ({"error": ...})."""
   judge = Judge(job, chan, emit)
   result = judge.result
   emit({"phase": enums.STAGE_LOAD})
   try:
+    if "error" in set_up:
+      raise Ended(enums.INFRA_ERROR, f"judge setup failed: {set_up['error']}")
     try:
-      fraction = job.get("sandbox", {}).get("judge_gpu_memory_fraction", 0.0)
-      result["environment"] = _setup(judge.device, fraction)
+      result["environment"] = dict(set_up["environment"])
       gpu_lock = timing.GpuLock.for_device(judge.device)
       lock_down()
     except Exception as e:  # pylint: disable=broad-except
@@ -492,6 +497,7 @@ def run(job: dict[str, Any], chan: wire.Channel, emit: Callable[[dict[str, Any]]
                                       wire.payload_bytes(judge.spec), VERIFIED_CALLS))
         result["environment"]["timing_lock"] = f"{state}; {where}"
         judge.time_both(core, gpu_lock.warmup_s())
+      emit({"phase": job_lib.PHASE_TIMED})  # the worker's next pair may make its CUDA context now
     mark = time.monotonic()
     judge.profile()
     judge.part("profile", mark)

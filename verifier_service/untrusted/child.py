@@ -129,9 +129,10 @@ def prepare_worker() -> None:
   dispatch.baseline()
 
 
-def trusted_setup(device: torch.device, fraction: float) -> dict[str, str]:
-  """Everything that needs more than the sandbox allows, done before it is applied; shared with
-  the judge. Returns the Verdict environment fields (GPU name and arch)."""
+def trusted_setup(device_name: str, fraction: float) -> dict[str, str]:
+  """Everything that needs more than the sandbox allows, done before it is applied and before
+  the job is known (run/pair.py). Returns the Verdict environment fields (GPU name and arch)."""
+  device = torch.device(device_name)
   torch.set_num_threads(1)
   from torch.utils import cpp_extension  # pylint: disable=import-outside-toplevel,unused-import
   prepare_worker()  # a no-op after the worker's own call
@@ -422,17 +423,16 @@ def serve(side: CandidateSide) -> bool:
 
 
 def run(job: dict[str, Any], chan: wire.Channel, emit: Callable[[dict[str, Any]], None],
-        lock_down: Callable[[], dict[str, str]]) -> dict[str, Any]:
-  """The candidate's side of one job; returns its report for the worker. Never raises."""
+        lock_down: Callable[[], dict[str, str]], set_up: dict[str, Any]) -> dict[str, Any]:
+  """The candidate's side of one job; returns its report for the worker. Never raises. `set_up`
+  is what `trusted_setup` returned before the job, or why it failed ({"error": ...})."""
   report: dict[str, Any] = {"error": None, "infra": "", "finished": False}
   side = CandidateSide(job, chan, emit)
   try:
-    try:
-      fraction = job.get("sandbox", {}).get("gpu_memory_fraction", 0.0)
-      report["environment"] = trusted_setup(side.device, fraction)
-    except Exception as e:  # pylint: disable=broad-except
-      report["infra"] = f"CUDA unavailable in the candidate's process: {e}"
+    if "error" in set_up:
+      report["infra"] = f"CUDA unavailable in the candidate's process: {set_up['error']}"
       return report
+    report["environment"] = dict(set_up["environment"])
     try:
       report["sandbox"] = side.arm(lock_down)
     except Exception as e:  # pylint: disable=broad-except

@@ -1,0 +1,441 @@
+"""A job's two processes, the judge and the candidate's, from fork to reaping (run/worker.py drives them).
+
+Both are forked from the worker (torch imported, no CUDA) and share only one socket. Each, once
+forked, enters its namespaces, keeps only its own descriptors and moves into its own folder, then
+waits on its start pipe: `s` sets it up (the trusted setup that needs more than the sandbox
+allows: CUDA context, memory cap, imports; trusted/judge.setup, untrusted/child.trusted_setup),
+`g` starts the job, which the worker has written into the process's folder as `job.json` (read
+and removed before anything untrusted runs). End of file on the pipe ends a pair that was never
+used.
+
+Decision: a pair is forked ahead of its job (the worker's standby), and the worker tells it to set
+up when the running job's timing is over, so the next job finds both processes with their CUDA
+contexts made (about 0.3 s each on an H200) without a context being created while a judge times.
+A pair forked for its job at once (`start` sends `s` and `g` together) runs exactly as before.
+
+A job is over for the slot when both processes have reported (`serve`): their exits (a CUDA
+context's teardown, ~0.27 s on an H200) are then off the critical path. The worker kills both
+process groups and reaps them later (`retire`, `reap`), so nothing of the finished job runs beside
+the next one but the kernel's teardown. A process that has not reported is waited for, and killed
+after a grace once the other is done, as before: its exit status decides its verdict.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import faulthandler
+import json
+import os
+import secrets
+import select
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+import time
+import traceback
+from typing import Any, Callable, TextIO
+
+from verifier_service import enums
+from verifier_service.run import job as job_lib
+from verifier_service.run import sandbox
+
+LOG_TAIL_BYTES = 4096
+_EXIT_GRACE_S = 2.0
+JUDGE, CANDIDATE = "judge", "candidate"
+JOB_FILE = "job.json"
+
+
+def send(out: TextIO, message: dict[str, Any]) -> None:
+  out.write(json.dumps(message) + "\n")
+  out.flush()
+
+
+def write_line(fd: int, message: dict[str, Any]) -> None:
+  data = (json.dumps(message) + "\n").encode()
+  while data:
+    data = data[os.write(fd, data):]
+
+
+def _close_other_fds(keep: set[int]) -> None:
+  for name in os.listdir("/proc/self/fd"):
+    fd = int(name)
+    if fd > 2 and fd not in keep:
+      try:
+        os.close(fd)
+      except OSError:
+        pass  # the listing's own descriptor
+
+
+def _wait_for(start_fd: int) -> bytes:
+  """The next byte on the start pipe; end of file (the worker dropped this pair): exit."""
+  byte = os.read(start_fd, 1)
+  if not byte:
+    os._exit(0)  # pylint: disable=protected-access
+  return byte
+
+
+def _setup(role: str, device: str, spec: dict[str, Any]) -> dict[str, Any]:
+  """The role's trusted setup; a failure is kept for the job's report, not raised."""
+  try:
+    if role == JUDGE:
+      from verifier_service.trusted import judge  # pylint: disable=import-outside-toplevel
+      return {"environment": judge.setup(device, spec.get("judge_gpu_memory_fraction", 0.0))}
+    from verifier_service.untrusted import child  # pylint: disable=import-outside-toplevel
+    return {"environment": child.trusted_setup(device, spec.get("gpu_memory_fraction", 0.0))}
+  except Exception as e:  # pylint: disable=broad-except
+    return {"error": f"{type(e).__name__}: {e}"}
+
+
+def _child_main(role: str, device: str, spec: dict[str, Any], job_dir: str, nonce: str,
+                report_fd: int, start_fd: int, boundary: socket.socket,
+                notify: socket.socket | None) -> None:
+  """Runs in a forked child (the judge or the candidate's process); never returns."""
+  code = 70
+  try:
+    os.setsid()
+    netns = sandbox.enter_namespaces() if spec["enabled"] else "off: disabled"
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)  # the job pipe is the worker's, not the children's
+    log_fd = os.open(os.path.join(job_dir, "output.log"), os.O_WRONLY | os.O_CREAT, 0o644)
+    os.dup2(log_fd, 1)
+    os.dup2(log_fd, 2)
+    keep = {report_fd, start_fd, boundary.fileno()} | ({notify.fileno()} if notify else set())
+    _close_other_fds(keep)
+    sys.stdout = os.fdopen(1, "w", buffering=1)
+    sys.stderr = os.fdopen(2, "w", buffering=1)
+    faulthandler.enable()
+    os.chdir(job_dir)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    from verifier_service.run import wire  # pylint: disable=import-outside-toplevel
+    setup = None
+    while _wait_for(start_fd) != b"g":
+      setup = setup or _setup(role, device, spec)
+    setup = setup or _setup(role, device, spec)
+    with open(JOB_FILE, encoding="utf-8") as f:
+      job = json.load(f)
+    os.unlink(JOB_FILE)
+    os.close(start_fd)
+    if spec["enabled"]:
+      policy = sandbox.Policy(job_dir=job_dir, read_only=spec["read_only"], uid=spec["uid"],
+                              memory_bytes=spec["memory_bytes"], cpu_s=spec["cpu_s"],
+                              file_bytes=spec["file_bytes"], strict=spec["strict"])
+
+    def lock_down() -> dict[str, str]:
+      if not spec["enabled"]:
+        return {"sandbox": "off: disabled by --no-sandbox"}
+      return sandbox.lock_down(policy, netns, notify)
+
+    emit = lambda msg: write_line(report_fd, {"type": "phase", **msg})
+    chan = wire.Channel(boundary)
+    if role == JUDGE:
+      from verifier_service.trusted import judge  # pylint: disable=import-outside-toplevel
+      result = judge.run(job, chan, emit, lock_down, setup)
+    else:
+      from verifier_service.untrusted import child  # pylint: disable=import-outside-toplevel
+      result = child.run(job, chan, emit, lock_down, setup)
+    write_line(report_fd, {"type": "result", "nonce": nonce, "result": result})
+    code = 0
+  except BaseException:  # pylint: disable=broad-except
+    traceback.print_exc()
+  finally:
+    try:
+      sys.stdout.flush()
+      sys.stderr.flush()
+    finally:
+      os._exit(code)  # pylint: disable=protected-access
+
+
+def status(wait_status: int) -> dict[str, Any]:
+  if os.WIFSIGNALED(wait_status):
+    sig = os.WTERMSIG(wait_status)
+    return {"signal": sig, "signal_name": signal.Signals(sig).name}
+  return {"exit_code": os.WEXITSTATUS(wait_status)}
+
+
+def tail(path: str) -> str:
+  try:
+    with open(path, "rb") as f:
+      f.seek(0, os.SEEK_END)
+      f.seek(max(0, f.tell() - LOG_TAIL_BYTES))
+      return f.read().decode("utf-8", "replace")
+  except OSError:
+    return ""
+
+
+class Process:
+  """The worker's side of one child: its pipes, its seccomp listener, its report, its exit."""
+
+  def __init__(self, role: str, pid: int, report_fd: int, start_fd: int,
+               notify: socket.socket | None, nonce: str, job_dir: str):
+    self.role, self.pid, self.report_fd, self.start_fd = role, pid, report_fd, start_fd
+    self.notify, self.nonce, self.job_dir = notify, nonce, job_dir
+    self.pidfd = os.pidfd_open(pid)
+    self.result: dict[str, Any] | None = None
+    self.forged: list[dict[str, str]] = []
+    self.supervisor: sandbox.Supervisor | None = None
+    self.phase = enums.STAGE_LOAD
+    self.loading = False  # the candidate's process is about to execute candidate code
+    self.timed = False  # the judge's timing is over
+    self.exited = self.drained = self.killed = False
+    self.wait_status: int | None = None
+    self.first_line_at = self.result_at = self.exited_at = 0.0  # time.monotonic(); 0: not yet
+    self._buffer = b""
+
+  def line(self, line: bytes, out: TextIO, job_id: str) -> None:
+    self.first_line_at = self.first_line_at or time.monotonic()
+    try:
+      message = json.loads(line)
+    except ValueError:
+      return
+    if not isinstance(message, dict):
+      return
+    if message.get("type") == "phase" and isinstance(message.get("phase"), str):
+      if message["phase"] == "CANDIDATE_LOADING" and self.role == CANDIDATE:
+        self.loading = True
+      elif message["phase"] == job_lib.PHASE_TIMED and self.role == JUDGE:
+        self.timed = True
+      elif self.role == JUDGE and message["phase"].startswith("STAGE_"):
+        self.phase = message["phase"]
+        send(out, {"type": "phase", "job_id": job_id, "phase": message["phase"]})
+    elif message.get("type") == "budget" and self.role == JUDGE:
+      # The next stretch's time budget (run/budget.py): only the judge may set one.
+      seconds = message.get("seconds")
+      if isinstance(seconds, (int, float)) and 0 < seconds < float("inf"):
+        send(out, {"type": "budget", "job_id": job_id, "seconds": float(seconds),
+                   "why": str(message.get("why", ""))[:400]})
+    elif message.get("type") == "result":
+      if message.get("nonce") != self.nonce or not isinstance(message.get("result"), dict):
+        self.forged.append({"kind": enums.MONKEY_PATCH,
+                            "evidence": "wrote a forged result to the verifier's report pipe"})
+      elif self.result is None:
+        self.result = message["result"]
+        self.result_at = time.monotonic()
+
+  def read(self, out: TextIO, job_id: str) -> None:
+    data = os.read(self.report_fd, 1 << 16)
+    if not data:
+      self.drained = True
+      return
+    self._buffer += data
+    *lines, self._buffer = self._buffer.split(b"\n")
+    for line in lines:
+      self.line(line, out, job_id)
+
+  def kill(self) -> None:
+    with contextlib.suppress(ProcessLookupError):
+      os.killpg(self.pid, signal.SIGKILL)
+
+  def reap(self, block: bool = True) -> bool:
+    """Waits for the exit (or only looks, `block=False`); True once it has exited."""
+    if self.wait_status is None:
+      pid, wait_status = os.waitpid(self.pid, 0 if block else os.WNOHANG)
+      if pid == 0:
+        return False
+      self.wait_status, self.exited = wait_status, True
+    return True
+
+  def close_start(self) -> None:
+    """Closes the start pipe (a process still waiting on it sees end of file and exits)."""
+    if self.start_fd >= 0:
+      os.close(self.start_fd)
+      self.start_fd = -1
+
+  def close(self) -> None:
+    self.close_start()
+    os.close(self.pidfd)
+    os.close(self.report_fd)
+    if self.supervisor is not None:
+      self.supervisor.close()
+      self.supervisor = None
+    if self.notify is not None:
+      self.notify.close()
+      self.notify = None
+
+  @property
+  def status(self) -> dict[str, Any]:
+    if self.wait_status is None:
+      return {"reported": True, **({"killed_by_worker": True} if self.killed else {})}
+    return dict(status(self.wait_status), **({"killed_by_worker": True} if self.killed else {}))
+
+  @property
+  def violations(self) -> list[dict[str, str]]:
+    return (self.supervisor.violations if self.supervisor else []) + self.forged
+
+
+class Pair:
+  """A judge and a candidate's process, forked together, for one job."""
+
+  def __init__(self, judge: Process, candidate: Process, judge_dir: str, cand_dir: str):
+    self.judge, self.candidate = judge, candidate
+    self.judge_dir, self.cand_dir = judge_dir, cand_dir
+    self.processes = [judge, candidate]
+    self.set_up = False
+    self.forked_at = time.monotonic()
+
+  @classmethod
+  def fork(cls, device: str, spec: dict[str, Any]) -> Pair:
+    """Forks the judge, then the candidate's process; both wait on their start pipes. An OSError
+    kills whichever was forked."""
+    nonce = secrets.token_hex(16)
+    judge_dir = tempfile.mkdtemp(prefix="dice-judge-")
+    cand_dir = tempfile.mkdtemp(prefix="dice-job-")
+    judge_end, cand_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    forked: list[Process] = []
+    try:
+      for role, job_dir, boundary in ((JUDGE, judge_dir, judge_end),
+                                      (CANDIDATE, cand_dir, cand_end)):
+        report_r, report_w = os.pipe()
+        start_r, start_w = os.pipe()
+        notify_parent = notify_child = None
+        if role == CANDIDATE:
+          notify_parent, notify_child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        pid = os.fork()
+        if pid == 0:
+          _child_main(role, device, spec, job_dir, nonce, report_w, start_r, boundary,
+                      notify_child)
+        os.close(report_w)
+        os.close(start_r)
+        if notify_child is not None:
+          notify_child.close()
+        forked.append(Process(role, pid, report_r, start_w, notify_parent, nonce, job_dir))
+    except OSError:
+      for process in forked:
+        process.kill()
+        process.close()
+      shutil.rmtree(judge_dir, ignore_errors=True)
+      shutil.rmtree(cand_dir, ignore_errors=True)
+      raise
+    finally:
+      judge_end.close()
+      cand_end.close()
+    return cls(forked[0], forked[1], judge_dir, cand_dir)
+
+  def alive(self) -> bool:
+    """Both processes still wait for their job (neither died in the meantime)."""
+    return not any(select.select([p.pidfd], [], [], 0)[0] for p in self.processes)
+
+  def setup(self) -> None:
+    """Lets both processes make their trusted setup now (once)."""
+    if not self.set_up:
+      self.set_up = True
+      for process in self.processes:
+        with contextlib.suppress(OSError):
+          os.write(process.start_fd, b"s")
+
+  def start(self, job: dict[str, Any]) -> None:
+    """Hands `job` to both processes (its modules copied into the candidate's folder first)."""
+    job = dict(job, modules=self._stage_modules(job.get("modules")))
+    for process in self.processes:
+      path = os.path.join(process.job_dir, JOB_FILE)
+      with open(path, "w", encoding="utf-8") as f:
+        json.dump(job, f)
+    self.setup()
+    for process in self.processes:
+      os.write(process.start_fd, b"g")
+
+  def _stage_modules(self, modules: dict[str, str] | None) -> dict[str, str] | None:
+    """Copies the job's built modules out of the compile cache into the candidate's folder: the
+    children never need to see the cache."""
+    if not modules:
+      return modules
+    staged = {}
+    for i, (fingerprint, path) in enumerate(sorted(modules.items())):
+      folder = os.path.join(self.cand_dir, "ext", str(i))
+      os.makedirs(folder)
+      staged[fingerprint] = shutil.copyfile(path, os.path.join(folder, os.path.basename(path)))
+      os.chmod(staged[fingerprint], 0o555)
+    return staged
+
+  def serve(self, out: TextIO, job_id: str, on_timed: Callable[[], None] | None = None) -> None:
+    """Serves both processes until both have reported, or, where one has not, until both exited
+    and their pipes are drained (a process that lingers after the other is done is killed after a
+    grace period). `on_timed` is called once the judge says its timing is over."""
+    poller = select.poll()
+    owner: dict[int, tuple[Process, str]] = {}
+
+    def watch(process: Process, fd: int, what: str) -> None:
+      poller.register(fd, select.POLLIN)
+      owner[fd] = (process, what)
+
+    for process in self.processes:
+      watch(process, process.pidfd, "exit")
+      watch(process, process.report_fd, "report")
+      if process.notify is not None:
+        watch(process, process.notify.fileno(), "notify")
+    deadline, timed = None, False
+    while not all(p.drained and p.exited for p in self.processes):
+      if all(p.result is not None for p in self.processes):
+        events = poller.poll(0)  # what is already there (a last refused call), then done
+        if not events:
+          return
+      else:
+        timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+        events = poller.poll(None if timeout is None else int(timeout * 1000))
+      if not events and deadline is not None:
+        for process in self.processes:
+          if not process.exited:
+            process.kill()
+            process.killed = True
+          elif not process.drained:  # exited, but a grandchild still holds the pipe open
+            process.drained = True
+            poller.unregister(process.report_fd)
+        deadline = time.monotonic() + _EXIT_GRACE_S
+        continue
+      for fd, _ in events:
+        process, what = owner[fd]
+        if what == "exit":
+          process.exited_at = time.monotonic()
+          poller.unregister(fd)
+          process.reap()
+          deadline = time.monotonic() + _EXIT_GRACE_S
+        elif what == "report":
+          process.read(out, job_id)
+          if process.drained:
+            poller.unregister(fd)
+        elif what == "notify":
+          poller.unregister(fd)
+          try:
+            _, fds, _, _ = socket.recv_fds(process.notify, 1, 1)
+          except OSError:
+            fds = []
+          if fds:
+            process.supervisor = sandbox.Supervisor(fds[0])
+            watch(process, fds[0], "seccomp")
+        elif what == "seccomp":
+          process.supervisor.handle()
+      if not timed and self.judge.timed and on_timed is not None:
+        timed = True
+        on_timed()
+
+  def kill(self) -> None:
+    for process in self.processes:
+      process.kill()
+
+  def retire(self) -> None:
+    """After the job: both process groups killed (what is left is the kernel's teardown), the
+    descriptors closed; `reap` collects the exits and removes both folders."""
+    for process in self.processes:
+      if not process.exited:
+        process.kill()
+      if process.supervisor is not None:
+        process.supervisor.close()
+        process.supervisor = None
+
+  def reap(self, block: bool = False) -> bool:
+    """Collects the exits (without waiting unless `block`); True, with the folders removed and
+    every descriptor closed, once both have exited."""
+    if not all(p.reap(block) for p in self.processes):
+      return False
+    for process in self.processes:
+      process.close()
+    shutil.rmtree(self.cand_dir, ignore_errors=True)
+    shutil.rmtree(self.judge_dir, ignore_errors=True)
+    return True
+
+  def discard(self) -> None:
+    """A pair that never got a job: end of file on its start pipes, then it is reaped."""
+    for process in self.processes:
+      process.close_start()
+    self.reap(block=True)
