@@ -1,6 +1,7 @@
-"""Synthetic problems: specs, the deterministic and disjoint train/held-out split, scaffolds that
-assemble to the known-good file byte for byte, the reward path's extraction of the SFT targets, and
-the loader hooks (`synthetic:` specs and `PATH?split=` everywhere a problem path goes)."""
+"""Synthetic problems: specs, the deterministic and disjoint splits (sft, rl, heldout, unseen_op) with
+every held-out op and adjacent op pair taught in sft, the sizes the learning experiment needs,
+scaffolds that assemble to the known-good file byte for byte, the reward path's extraction of the
+SFT targets, and the loader hooks (`synthetic:` specs and `PATH?split=` everywhere a problem path goes)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import pytest
 from dice_jax.config import ConfigError, load_config
 from dice_jax.data import extract, synthetic
 from dice_jax.data import problems as P
-from dice_jax.data.synthetic import families, render
+from dice_jax.data.synthetic import families, render, splits
 from dice_jax.data.synthetic.reductions import KINDS
 from dice_jax.rl.config import RLConfig
 
@@ -37,11 +38,25 @@ def records():
 def test_specs_select_families_splits_and_limits():
   train = P.load_problems("synthetic:all?split=train")
   heldout = P.load_problems("synthetic:all?split=heldout")
-  assert len(train) + len(heldout) == len(P.load_problems(ALL)) and train and heldout
+  unseen = P.load_problems("synthetic:all?split=unseen_op")
+  assert len(train) + len(heldout) + len(unseen) == len(P.load_problems(ALL)) and train and heldout and unseen
+  sft, rl = P.load_problems("synthetic:all?split=sft"), P.load_problems("synthetic:all?split=rl")
+  assert sorted(p.id for p in sft + rl) == sorted(p.id for p in train)
   two = P.load_problems("synthetic:reduction+activation?split=train")
   assert {p.id.split("_")[1] for p in two} == {"reduction", "activation"}
   assert [p.id for p in P.load_problems("synthetic:all?split=heldout&limit=5")] == [p.id for p in heldout[:5]]
   assert all(p.level == (1 if p.id.split("_")[1] in ("activation", "reduction") else 2) for p in train)
+
+
+def test_sizes_of_the_learning_experiment_selection():
+  """Every element-wise chain of length 2 and 3, LONG_CHAINS of length 4; the experiment's families
+  (elementwise + activation + bias_act) give ~850 SFT, ~550 RL-only and 128 held-out problems."""
+  chains = [p.ops for p in synthetic.family_params("elementwise")]
+  assert sum(len(c) == 2 for c in chains) == 42 and sum(len(c) == 3 for c in chains) == 426
+  assert sum(len(c) == 4 for c in chains) == families.LONG_CHAINS
+  counts = {split: len(P.load_problems(f"synthetic:elementwise+activation+bias_act?split={split}"))
+            for split in ("sft", "rl", "heldout", "unseen_op")}
+  assert counts == {"sft": 850, "rl": 548, "heldout": 128, "unseen_op": 12}
 
 
 @pytest.mark.parametrize("spec, message", [
@@ -51,7 +66,8 @@ def test_specs_select_families_splits_and_limits():
     ("synthetic:all?split=train&limit=0", "limit must be a positive integer"),
     ("synthetic:all?split=train&limit=x", "limit must be a positive integer"),
     ("synthetic:all?split=train&split=heldout", "bad or repeated option"),
-    ("synthetic:all?split=train&seed=3", "bad or repeated option"),
+    ("synthetic:all?split=train&seed=-3", "seed must be a non-negative integer"),
+    ("synthetic:all?split=train&shuffle=3", "bad or repeated option"),
 ])
 def test_bad_specs_say_what_is_accepted(spec, message):
   with pytest.raises(P.ProblemLoadError, match=message):
@@ -61,7 +77,7 @@ def test_bad_specs_say_what_is_accepted(spec, message):
 
 
 def test_split_is_deterministic_across_processes():
-  """The split and order come from sha256 of parameters, not from Python's salted hash()."""
+  """The split and order come from sha256 of the seed and parameters, not from Python's salted hash()."""
   code = ("import json; from dice_jax.data import synthetic as S; "
           "print(json.dumps([(r['id'], r['split']) for r in S.records('synthetic:all?split=all')]))")
   runs = [subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
@@ -70,35 +86,57 @@ def test_split_is_deterministic_across_processes():
   assert json.loads(runs[0]) == json.loads(runs[1]) == here
 
 
-def test_split_is_disjoint_and_holds_out_ops_and_combinations(records):
-  train = [r for r in records.values() if r["split"] == "train"]
-  heldout = [r for r in records.values() if r["split"] == "heldout"]
-  params = {p.problem_id: p for f in families.FAMILIES for p in synthetic.family_params(f)}
-  train_keys = {(params[r["id"]].family, params[r["id"]].key) for r in train}
-  assert not train_keys & {(params[r["id"]].family, params[r["id"]].key) for r in heldout}
-  seen_text = "\n".join(r["pytorch_code"] + r["cuda_code"] for r in train)
+@pytest.mark.parametrize("seed", [0, 1, 7])
+def test_splits_are_disjoint_and_every_heldout_part_is_taught(seed):
+  """Disjoint splits; a held-out problem's key is in no other split; each of its ops and adjacent op
+  pairs (a bias pair's variant and activation) occurs in the sft split; the unseen-op split's ops
+  occur in no training problem of any family, so it is reported apart."""
+  every = [p for f in families.FAMILIES for p in synthetic.family_params(f, seed)]
+  by_split = {s: [p for p in every if p.split == s] for s in splits.SPLITS}
+  assert sum(map(len, by_split.values())) == len(every) == len({p.problem_id for p in every})
+  keys = {s: {(p.family, p.key) for p in ps} for s, ps in by_split.items()}
+  for a in splits.SPLITS:
+    for b in splits.SPLITS:
+      assert a == b or not keys[a] & keys[b], (a, b)
+  sft = by_split["sft"]
+  sft_ops = {op for p in sft for op in p.ops}
+  sft_pairs = set().union(*(splits.adjacent_pairs(p) for p in sft))
+  for p in by_split["heldout"]:
+    assert p.novelty == "combination" and p.family in ("elementwise", "bias_act")
+    if p.family == "elementwise":
+      assert set(p.ops) <= sft_ops and splits.adjacent_pairs(p) <= sft_pairs, p.key
+    else:
+      variant, act = p.ops
+      assert any(q.ops[0] == variant for q in sft if q.family == "bias_act"), p.key
+      assert any(q.ops[1] == act for q in sft if q.family == "bias_act"), p.key
+  assert len(by_split["heldout"]) == sum(splits.HELDOUT.values())
+  training = by_split["sft"] + by_split["rl"]
+  seen_text = "\n".join(render.reference(p) + render.candidate(p) for p in training)
   for name in families.HELDOUT_ACTIVATIONS:  # never seen, in any family
     assert f"F.{name}(" not in seen_text
     assert families.ACTIVATIONS[name][1] not in seen_text
   for kind in families.HELDOUT_REDUCTIONS:
     assert KINDS[kind][0] not in seen_text
-  # A held-out combination's parts all occur in training; only the combination is new.
-  train_ops = {op for r in train if params[r["id"]].family == "elementwise" for op in params[r["id"]].key.split("-")}
-  train_bias = {tuple(params[r["id"]].key.split("-", 1)) for r in train if params[r["id"]].family == "bias_act"}
-  for r in heldout:
-    p = params[r["id"]]
-    assert p.novelty in ("op", "combination") and r["novelty"] == p.novelty
-    if p.novelty == "combination" and p.family == "elementwise":
-      assert set(p.key.split("-")) <= train_ops
-    if p.novelty == "combination" and p.family == "bias_act":
-      variant, act = p.key.split("-", 1)
-      assert any(v == variant for v, _ in train_bias) and any(a == act for _, a in train_bias)
+  assert all(p.novelty == "op" for p in by_split["unseen_op"]) and all(p.novelty is None for p in training)
 
 
-def test_every_family_has_both_splits(records):
+def test_the_seed_draws_another_dataset_of_the_same_sizes():
+  zero = {p.problem_id: p.split for p in synthetic.family_params("elementwise", 0)}
+  one = {p.problem_id: p.split for p in synthetic.family_params("elementwise", 1)}
+  assert zero != one
+  for split in ("heldout", "rl"):  # held out: the same number; rl: each key's draw, about RL_SHARE of training
+    n0, n1 = (sum(v == split for v in d.values()) for d in (zero, one))
+    assert n0 == n1 if split == "heldout" else abs(n0 - n1) < 0.05 * len(zero), split
+  assert [r["id"] for r in synthetic.records("synthetic:bias_act?split=heldout&seed=1")] != [
+      r["id"] for r in synthetic.records("synthetic:bias_act?split=heldout")]
+
+
+def test_every_family_has_its_splits(records):
   for family in families.FAMILIES:
-    splits = {r["split"] for r in records.values() if r["id"].startswith(f"syn_{family}_")}
-    assert splits == {"train", "heldout"}, family
+    found = {r["split"] for r in records.values() if r["id"].startswith(f"syn_{family}_")}
+    expected = {"sft", "rl"} | ({"heldout"} if family in splits.HELDOUT else set()) | (
+        {"unseen_op"} if family != "elementwise" else set())
+    assert found == expected, family
 
 
 def test_scaffolds_assemble_to_the_known_good_file_byte_for_byte(every, records):

@@ -1,23 +1,25 @@
 """Synthetic KernelBench-format problems with known-good CUDA answers and phase-1 scaffolds.
 
 Written for dice-jax (nothing copied from DICE or KernelBench). Four families (families.py,
-reductions.py): `elementwise` expression chains over two inputs, `activation`s, `bias_act` (a
-bias parameter fused with an activation) and `reduction`s over rows (sum, max, softmax, layernorm,
-...). Each problem is a DICE-style record: the PyTorch reference and a known-good candidate split
-into prefix (imports) + middle (`source = \"\"\"...\"\"\"`) + suffix (`cpp_src`, `load_inline`, `ModelNew`).
+reductions.py): `elementwise` op chains over two inputs (every chain of length 2 and 3, a sample
+of length 4), `activation`s, `bias_act` (a bias parameter fused with an activation) and
+`reduction`s over rows (sum, max, softmax, layernorm, ...). Each problem is a DICE-style record:
+the PyTorch reference and a known-good candidate split into prefix (imports) + middle
+(`source = \"\"\"...\"\"\"`) + suffix (`cpp_src`, `load_inline`, `ModelNew`).
 
 Selected anywhere a problem path is accepted (`data.phase1_files`, `data.phase2_files`,
 `dice eval --problems`) by a spec:
 
-    synthetic:<family>[+<family>...]?split=train|heldout|all[&limit=N]
-    synthetic:all?split=heldout           every family's held-out problems
-    synthetic:elementwise+reduction?split=train&limit=40
+    synthetic:<family>[+<family>...]?split=sft|rl|train|heldout|unseen_op|all[&limit=N][&seed=S]
+    synthetic:all?split=heldout           every family's held-out problems (the headline set)
+    synthetic:elementwise+bias_act?split=sft&seed=1
 
-`split` is required (so a run never trains on held-out problems by omission). The split is a
-deterministic function of each family's parameters (see families.py): held-out problems use op
-combinations, activations and reduction kinds that no training problem uses, not only other sizes.
-Order: sorted by a hash of the problem id, so `limit=N` is a fixed pseudo-random sample of the
-selection, with the families in about their proportions; the same spec always gives the same list.
+`split` is required (so a run never trains on held-out problems by omission); splits.py says what
+each holds: `sft` and `rl` are the two disjoint parts of `train`; `heldout` has new combinations of
+ops and adjacent op pairs that all occur in `sft`; `unseen_op` has ops no training problem uses
+(report it apart). `seed` (default 0) draws the length-4 chains, the splits, constants and shapes;
+the same spec always gives the same list. Order: sorted by a hash of the problem id, so `limit=N`
+is a fixed pseudo-random sample of the selection, with the families in about their proportions.
 """
 
 from __future__ import annotations
@@ -27,16 +29,17 @@ import functools
 import hashlib
 
 from dice_jax.data.synthetic import families as families_lib
-from dice_jax.data.synthetic import reductions, render
+from dice_jax.data.synthetic import reductions, render, splits
 from dice_jax.data.synthetic.families import FAMILIES, Params
 
 PREFIX = "synthetic:"
-SPLITS = ("train", "heldout", "all")
+SPLITS = (*splits.SPLITS, "train", "all")
+_UNION = {"train": ("sft", "rl"), "all": splits.SPLITS}
 _LEVEL = {"activation": 1, "reduction": 1, "elementwise": 2, "bias_act": 2}
 _BUILDERS = {"elementwise": families_lib.elementwise, "activation": families_lib.activation,
              "bias_act": families_lib.bias_act, "reduction": reductions.reduction}
-_USAGE = (f"expected {PREFIX}<family>[+<family>...]?split=train|heldout|all[&limit=N] with families "
-          f"{', '.join(FAMILIES)} or all")
+_USAGE = (f"expected {PREFIX}<family>[+<family>...]?split={'|'.join(SPLITS)}[&limit=N][&seed=S] with "
+          f"families {', '.join(FAMILIES)} or all")
 
 
 class SpecError(ValueError):
@@ -48,6 +51,7 @@ class Spec:
   families: tuple[str, ...]
   split: str
   limit: int | None = None
+  seed: int = 0
 
 
 def is_spec(text: str) -> bool:
@@ -71,7 +75,7 @@ def parse_spec(text: str) -> Spec:
   fields: dict[str, str] = {}
   for part in filter(None, query.split("&")):
     key, eq, value = part.partition("=")
-    if not eq or key in fields or key not in ("split", "limit"):
+    if not eq or key in fields or key not in ("split", "limit", "seed"):
       raise SpecError(f"{text!r}: bad or repeated option {part!r}; {_USAGE}")
     fields[key] = value
   if fields.get("split") not in SPLITS:
@@ -81,32 +85,34 @@ def parse_spec(text: str) -> Spec:
     if not fields["limit"].isdigit() or int(fields["limit"]) < 1:
       raise SpecError(f"{text!r}: limit must be a positive integer, got {fields['limit']!r}")
     limit = int(fields["limit"])
-  return Spec(tuple(chosen), fields["split"], limit)
+  if not fields.get("seed", "0").isdigit():
+    raise SpecError(f"{text!r}: seed must be a non-negative integer, got {fields['seed']!r}")
+  return Spec(tuple(chosen), fields["split"], limit, int(fields.get("seed", "0")))
 
 
 @functools.cache
-def family_params(family: str) -> tuple[Params, ...]:
-  """Every problem of `family` (both splits), in the order the family generates them."""
+def family_params(family: str, seed: int = 0) -> tuple[Params, ...]:
+  """Every problem of `family` (all splits, `split` and `novelty` set), in generation order."""
   if family not in _BUILDERS:
     raise SpecError(f"unknown family {family!r}; families: {', '.join(FAMILIES)}")
-  return tuple(_BUILDERS[family]())
+  return tuple(splits.assign(family, _BUILDERS[family](seed), seed))
 
 
 def select(spec: Spec) -> list[Params]:
   """The problems a spec names, in its documented order (by a hash of the id)."""
-  chosen = [p for f in spec.families for p in family_params(f)
-            if spec.split == "all" or p.heldout == (spec.split == "heldout")]
+  wanted = _UNION.get(spec.split, (spec.split,))
+  chosen = [p for f in spec.families for p in family_params(f, spec.seed) if p.split in wanted]
   chosen.sort(key=lambda p: hashlib.sha256(p.problem_id.encode()).digest())
   return chosen[:spec.limit] if spec.limit else chosen
 
 
 def record(p: Params) -> dict[str, object]:
   """One problem as a DICE infilling record (`id`, `level`, `pytorch_code`, `cuda_code`, the split),
-  plus `split` and `novelty` (why a held-out problem is held out: "op" or "combination")."""
+  plus `split` (splits.SPLITS) and `novelty` (why a held-out problem is held out: "op" or "combination")."""
   good = render.candidate(p)
   prefix, middle, suffix = render.split_candidate(good)
   return {"id": p.problem_id, "level": _LEVEL[p.family], "pytorch_code": render.reference(p), "cuda_code": good,
-          "prefix": prefix, "middle": middle, "suffix": suffix, "split": "heldout" if p.heldout else "train",
+          "prefix": prefix, "middle": middle, "suffix": suffix, "split": p.split,
           "novelty": p.novelty}
 
 

@@ -1,20 +1,21 @@
-"""The four synthetic problem families: their parameters, split keys and held-out rules, and the
-PyTorch expression and CUDA body each parameter set stands for.
+"""The synthetic problem families: their parameters, and the PyTorch expression and CUDA body each
+parameter set stands for. Which split each problem is in is decided in splits.py.
 
 A family enumerates `Params`: the split `key` (what "never seen in training" means for it), the
-shape, and the text pieces `render.py` assembles. Held-out rules (all deterministic, no RNG state):
-- elementwise: key = the chain of ops applied to `x`, e.g. `mul_y-tanh-add_c`. A fixed fifth of
-  the chains (by a hash of the key) is held out: new combinations of ops that all occur in training.
-- activation: key = the activation. `HELDOUT_ACTIVATIONS` are held out (ops never seen in training:
-  no training problem of any family uses them).
-- bias_act: key = (bias variant, activation). Pairs with a held-out activation are held out, and a
-  fixed fifth of the other pairs (new combinations of a seen variant and a seen activation).
-- reduction: key = the reduction kind. `HELDOUT_REDUCTIONS` are held out (kinds never seen).
+shape, and the text pieces `render.py` assembles.
+- elementwise: key = the chain of ops applied to `x`, e.g. `mul_y-tanh-add_c`: every chain of
+  length 2 and 3 (no op twice in a row, at least one op that reads `y`), and a sample of
+  `LONG_CHAINS` of the chains of length 4, drawn by the seed.
+- activation: key = the activation.
+- bias_act: key = (bias variant, activation): a bias parameter fused with an activation.
+- reduction: key = the reduction kind (reductions.py).
 
 Decision: one shape per key (two for the small activation and reduction families), picked by a
-hash from a fixed menu, so no key appears under two shapes in different splits, and the model sees
-shapes vary without them deciding anything. Every kernel handles any size (grid-stride loops for
-rows, `numel` bounds for element-wise), so the verifier's input draws cannot break them.
+hash of the seed and key from a fixed menu, so no key appears under two shapes in different
+splits, and the model sees shapes vary without them deciding anything. Every kernel handles any
+size (grid-stride loops for rows, `numel` bounds for element-wise), so the verifier's input draws
+cannot break them. Everything drawn (the length-4 sample, constants, shapes) is a function of
+sha256 of the seed and the key, never of Python's salted hash() or a global RNG.
 
 Decision: fp32 CUDA math that matches PyTorch within the verifier's fp32 tolerance (1e-4): plain
 `expf`/`tanhf`/`erff`/`log1pf`, block reductions in shared memory, no fast-math intrinsics.
@@ -27,12 +28,12 @@ import hashlib
 import itertools
 
 FAMILIES = ("elementwise", "activation", "bias_act", "reduction")
+# Ops no training problem of any family uses: the "unseen op" split (splits.py), never the headline.
 HELDOUT_ACTIVATIONS = ("relu6", "mish")
 HELDOUT_REDUCTIONS = ("min", "log_softmax", "rmsnorm")
-_HELDOUT_SHARE = 5  # elementwise chains and bias_act pairs: one in five is held out
-# One in three length-3 chains is generated: ~190 element-wise problems keep the family from
-# swamping the others, and keep the GPU test of every answer to a few minutes.
-_KEEP_LONG_CHAINS = 3
+# Length-4 chains generated (of 3,858): with every chain of length 2 and 3 (468), about 1,450
+# element-wise problems, so that SFT on its ~850 cannot learn them by heart in a few epochs.
+LONG_CHAINS = 980
 _ROWS = (16, 32, 64, 128)
 _COLS = (64, 128, 256, 512, 1024)
 
@@ -51,8 +52,11 @@ class Params:
   call_args: tuple[str, ...]  # what ModelNew.forward passes to `ext.f`
   needs_functional: bool = False  # the reference uses `F.` (torch.nn.functional)
   bias: bool = False  # Model/ModelNew own `self.bias = nn.Parameter(torch.randn(c))`
+  # The split (splits.SPLITS), set by splits.py: sft, rl, heldout or unseen_op.
+  split: str = ""
   # Why a held-out problem is held out: "op" (an activation or reduction kind no training problem
-  # uses) or "combination" (every part is seen in training, never together). None: a training problem.
+  # uses: the unseen_op split) or "combination" (every op and adjacent op pair is seen in training,
+  # never together: the heldout split). None: a training problem.
   novelty: str | None = None
 
   @property
@@ -63,21 +67,24 @@ class Params:
   def problem_id(self) -> str:
     return f"syn_{self.family}_{self.key}_{self.rows}x{self.cols}"
 
+  @property
+  def ops(self) -> tuple[str, ...]:
+    """The parts the split rules speak of: a chain's ops in order, (variant, activation) of a
+    bias_act pair, or the one activation or reduction kind."""
+    return tuple(self.key.split("-", 1 if self.family == "bias_act" else -1))
 
-def _hash(text: str) -> int:
-  return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big")
+
+def seeded_hash(seed: int, text: str) -> int:
+  """A 64-bit number from sha256 of the seed and `text`: every draw of the generator."""
+  return int.from_bytes(hashlib.sha256(f"{seed}:{text}".encode()).digest()[:8], "big")
 
 
-def shapes(family: str, key: str, count: int) -> list[tuple[int, int]]:
-  """`count` distinct (rows, cols) from the menu, chosen by a hash of the key."""
+def shapes(family: str, key: str, count: int, seed: int = 0) -> list[tuple[int, int]]:
+  """`count` distinct (rows, cols) from the menu, chosen by a hash of the seed and key."""
   menu = list(itertools.product(_ROWS, _COLS))
-  start = _hash(f"shape:{family}:{key}") % len(menu)
+  start = seeded_hash(seed, f"shape:{family}:{key}") % len(menu)
   step = 7  # coprime with the menu's 20 entries: distinct shapes
   return [menu[(start + i * step) % len(menu)] for i in range(count)]
-
-
-def _share_heldout(family: str, key: str) -> bool:
-  return _hash(f"split:{family}:{key}") % _HELDOUT_SHARE == 0
 
 
 # ---------------------------------------------------------------------------------- elementwise
@@ -105,18 +112,16 @@ def _apply(op: str, py: str, cu: str, prec: int, const: str) -> tuple[str, str, 
   return (f"{_paren(py, prec, need)} {sym} {operand_py}", f"{_paren(cu, prec, need)} {sym} {operand_cu}", need)
 
 
-def elementwise_chains() -> list[tuple[str, ...]]:
+def _valid_chains(n: int) -> list[tuple[str, ...]]:
+  return [c for c in itertools.product(ELEMENTWISE_OPS, repeat=n)
+          if all(a != b for a, b in zip(c, c[1:])) and set(c) & set(_Y_OPS)]
+
+
+def elementwise_chains(seed: int = 0) -> list[tuple[str, ...]]:
   """Op chains applied to `x` that use `y` and never repeat an op back to back: every such chain of
-  length 2, and a fixed third (by hash) of those of length 3."""
-  chains = []
-  for n in (2, 3):
-    for chain in itertools.product(ELEMENTWISE_OPS, repeat=n):
-      if any(a == b for a, b in zip(chain, chain[1:])) or not set(chain) & set(_Y_OPS):
-        continue
-      if n == 3 and _hash("keep:" + "-".join(chain)) % _KEEP_LONG_CHAINS:
-        continue
-      chains.append(chain)
-  return chains
+  length 2 and 3, and the LONG_CHAINS of length 4 with the smallest seeded hashes."""
+  long = sorted(_valid_chains(4), key=lambda c: seeded_hash(seed, "keep4:" + "-".join(c)))[:LONG_CHAINS]
+  return _valid_chains(2) + _valid_chains(3) + sorted(long)
 
 
 _EW_CUDA = """\
@@ -133,18 +138,17 @@ torch::Tensor f(torch::Tensor x, torch::Tensor y) {{
 }}"""
 
 
-def elementwise() -> list[Params]:
+def elementwise(seed: int = 0) -> list[Params]:
   out = []
-  for chain in elementwise_chains():
+  for chain in elementwise_chains(seed):
     key = "-".join(chain)
     py, cu, prec = "x", "x[i]", 3
     for j, op in enumerate(chain):
       options = _CONSTANTS.get(op, ("",))
-      const = options[_hash(f"const:{key}:{j}") % len(options)]
+      const = options[seeded_hash(seed, f"const:{key}:{j}") % len(options)]
       py, cu, prec = _apply(op, py, cu, prec, const)
-    (rows, cols), = shapes("elementwise", key, 1)
-    out.append(Params("elementwise", key, rows, cols, ("x", "y"), py, _EW_CUDA.format(expr=cu), ("x", "y"),
-                      novelty="combination" if _share_heldout("elementwise", key) else None))
+    (rows, cols), = shapes("elementwise", key, 1, seed)
+    out.append(Params("elementwise", key, rows, cols, ("x", "y"), py, _EW_CUDA.format(expr=cu), ("x", "y")))
   return out
 
 
@@ -185,12 +189,12 @@ torch::Tensor f(torch::Tensor x) {{
 }}"""
 
 
-def activation() -> list[Params]:
+def activation(seed: int = 0) -> list[Params]:
   out = []
   for name, (py, cu) in ACTIVATIONS.items():
-    for rows, cols in shapes("activation", name, 2):
+    for rows, cols in shapes("activation", name, 2, seed):
       out.append(Params("activation", name, rows, cols, ("x",), py.format("x"), _ACT_CUDA.format(expr=cu), ("x",),
-                        needs_functional=py.startswith("F."), novelty="op" if name in HELDOUT_ACTIVATIONS else None))
+                        needs_functional=py.startswith("F.")))
   return out
 
 
@@ -216,7 +220,7 @@ torch::Tensor f(torch::Tensor x, torch::Tensor b) {{
 }}"""
 
 
-def bias_act() -> list[Params]:
+def bias_act(seed: int = 0) -> list[Params]:
   out = []
   for variant, act in itertools.product(BIAS_VARIANTS, ACTIVATIONS):
     act_py, act_cu = ACTIVATIONS[act]
@@ -226,11 +230,10 @@ def bias_act() -> list[Params]:
     else:
       py_pre, pre = BIAS_VARIANTS[variant]
       py, expr = act_py.format(py_pre), act_cu
-    novelty = "op" if act in HELDOUT_ACTIVATIONS else "combination" if _share_heldout("bias_act", key) else None
-    (rows, cols), = shapes("bias_act", key, 1)
+    (rows, cols), = shapes("bias_act", key, 1, seed)
     out.append(Params("bias_act", key, rows, cols, ("x",), py,
                       _BIAS_CUDA.format(pre=pre, expr=expr), ("x", "self.bias"),
-                      needs_functional=act_py.startswith("F."), bias=True, novelty=novelty))
+                      needs_functional=act_py.startswith("F."), bias=True))
   return out
 
 

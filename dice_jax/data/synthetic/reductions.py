@@ -5,8 +5,8 @@ and `red(a, max?)`, a shared-memory tree reduction over the block (written once,
 every answer, so the model learns one helper and the per-kind arithmetic around it). Kinds that
 return one value per row write it from thread 0; the others write the whole row.
 
-Held out (`families.HELDOUT_REDUCTIONS`): min, log_softmax and rmsnorm, kinds never seen in training
-(each has a seen relative: max, softmax + logsumexp, layernorm + l2norm).
+The unseen-op split (`families.HELDOUT_REDUCTIONS`, splits.py): min, log_softmax and rmsnorm, kinds
+never seen in training (each has a seen relative: max, softmax + logsumexp, layernorm + l2norm).
 """
 
 from __future__ import annotations
@@ -85,14 +85,13 @@ torch::Tensor f(torch::Tensor x) {{
 }}"""
 
 
-def reduction() -> list[families.Params]:
+def reduction(seed: int = 0) -> list[families.Params]:
   out = []
   for kind, (py, rows_out, body) in KINDS.items():
     cuda = _CUDA.format(helper=_HELPER, body=body,
                         row="    float* q = o + (long)blockIdx.x * C;\n" if rows_out else "",
                         alloc="torch::empty_like(x)" if rows_out else "torch::empty({R}, x.options())")
-    novelty = "op" if kind in families.HELDOUT_REDUCTIONS else None
-    for rows, cols in families.shapes("reduction", kind, 2):
+    for rows, cols in families.shapes("reduction", kind, 2, seed):
       out.append(families.Params("reduction", kind, rows, cols, ("x",), py, cuda, ("x",),
-                                 needs_functional=py.startswith("F."), novelty=novelty))
+                                 needs_functional=py.startswith("F.")))
   return out
