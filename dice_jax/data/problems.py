@@ -21,6 +21,10 @@ item's id, so an item's side never changes when the file grows and the two sides
 This is how a phase-1 recipe trains on part of DICE's 99 infilling *evaluation* items and is
 evaluated on the rest (`kernel_infilling_evaluation.json?split=train` / `?split=heldout`).
 
+A relative file or directory path that does not exist where the command runs is looked up under the
+data directory, $DICE_DATA_DIR (dice_jax.data.data_dir); a path found in neither is one error that
+names both places and the setting.
+
 Every error is a `ProblemLoadError` naming the file and the item, so a typo in a 4,000-item file
 is found without a debugger. Loading never executes the reference (that needs torch; the verifier
 does it).
@@ -41,7 +45,7 @@ from typing import Any
 
 import yaml
 
-from dice_jax.data import synthetic
+from dice_jax.data import data_dir, synthetic
 
 BUNDLED_PREFIX = "bundled:"
 SYNTHETIC_PREFIX = synthetic.PREFIX
@@ -291,7 +295,7 @@ class FileSplit:
 
   @classmethod
   def parse(cls, text: str) -> FileSplit:
-    if "?" not in text or os.path.exists(os.path.expanduser(text)):
+    if "?" not in text or _exists(text):
       return cls(text)
     path, _, query = text.rpartition("?")
     fields: dict[str, str] = {}
@@ -335,9 +339,7 @@ def check_source(path: str | os.PathLike[str]) -> None:
     except synthetic.SpecError as e:
       raise ProblemLoadError(str(e)) from None
   else:
-    file = FileSplit.parse(text).path
-    if not os.path.exists(os.path.expanduser(file)):
-      raise ProblemLoadError(f"no such file or directory: {file!r}")
+    _locate(FileSplit.parse(text).path)
 
 
 def load_problems(path: str | os.PathLike[str], *, validate: bool = True) -> list[Problem]:
@@ -362,12 +364,26 @@ def load_problems(path: str | os.PathLike[str], *, validate: bool = True) -> lis
   return kept
 
 
+def _exists(text: str) -> bool:
+  try:
+    data_dir.locate(text)
+  except data_dir.MissingDataError:
+    return False
+  return True
+
+
+def _locate(text: str) -> pathlib.Path:
+  """The file or directory `text` names, as given or under $DICE_DATA_DIR (dice_jax.data.data_dir)."""
+  try:
+    return data_dir.locate(text)
+  except data_dir.MissingDataError as e:
+    raise ProblemLoadError(str(e)) from None
+
+
 def _load_path(text: str, validate: bool) -> list[Problem]:
-  p = pathlib.Path(text).expanduser()
+  p = _locate(text)
   if p.is_dir():
     return load_kernelbench_dir(p, validate=validate)
-  if not p.exists():
-    raise ProblemLoadError(f"{p}: no such file or directory")
   if p.suffix == ".jsonl":
     return load_jsonl(p, validate=validate)
   if p.suffix == ".json":
