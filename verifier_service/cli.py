@@ -7,7 +7,8 @@
 Exit codes of `check` (the worst verdict decides):
   0  every candidate OK
   1  at least one candidate failed (COMPILE_ERROR, INCORRECT, RUNTIME_ERROR, TIMEOUT, REJECTED)
-  2  bad command line or unreadable input file
+  2  bad command line, unreadable reference, or an unreadable candidate file (that file gets its own
+     row; the others are verified), unless 4 applies
   3  nothing failed, but at least one verdict is NO_GPU (compiled; not run: no GPU here)
   4  the reference is unusable (BAD_REFERENCE), the verifier failed (INFRA_ERROR), or the
      --server cannot be reached or refused the credentials
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import pathlib
 import sys
@@ -31,6 +33,8 @@ from google.protobuf import json_format
 from dice.verifier.v1 import verifier_pb2 as pb
 
 from verifier_service.compile import cache as compile_cache
+from verifier_service.compile import confine as confine_lib
+from verifier_service.compile import limits as limits_lib
 from verifier_service.service import config as config_lib
 from verifier_service.service import logs
 from verifier_service.service import remote
@@ -102,6 +106,20 @@ def _add_common(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> No
                       help="CUDA allocator cap per candidate process as a fraction of the GPU; "
                            "default 0.45 / --slots-per-gpu (each slot's judge process, which runs "
                            "the reference, gets 0.45 / --slots-per-gpu too)")
+  parser.add_argument("--compile-unconfined", action="store_true",
+                      help="compile without the compile stage's sandbox, on a host whose kernel "
+                           "lacks Landlock, seccomp or namespaces (the server otherwise refuses to "
+                           "start there): compilers then read any file this server can and reach "
+                           "the network; the bounds below still apply")
+  parser.add_argument("--compile-memory", type=compile_cache.parse_size, metavar="SIZE",
+                      default=defaults.compile_limits.memory_bytes,
+                      help="memory per compiler process (and per process tree where cgroup v2 "
+                           "allows); a compile over it is the candidate's COMPILE_ERROR "
+                           "(default 8G)")
+  parser.add_argument("--compile-cpu", type=_positive, metavar="SECONDS",
+                      default=defaults.compile_limits.cpu_s,
+                      help="CPU seconds per compiler process; a compile over it is the "
+                           "candidate's TIMEOUT (default %(default)s)")
   parser.add_argument("--no-timing-core", action="store_true",
                       help="time each side wherever the OS schedules it (default: both sides of a "
                            "job time on one CPU core per GPU, the last ones)")
@@ -124,7 +142,10 @@ def _config(args: argparse.Namespace, **extra) -> config_lib.ServerConfig:
       cpu_test_mode=args.cpu_test_mode,
       sandbox=not args.no_sandbox, sandbox_strict=args.sandbox_strict,
       sandbox_uid_base=args.sandbox_uid_base, sandbox_memory_bytes=args.sandbox_memory,
-      gpu_memory_fraction=args.gpu_memory_fraction, timing_core=not args.no_timing_core, **extra)
+      gpu_memory_fraction=args.gpu_memory_fraction, timing_core=not args.no_timing_core,
+      compile_confine=not args.compile_unconfined, compile_limits=dataclasses.replace(
+          limits_lib.Limits(), memory_bytes=args.compile_memory, cpu_s=args.compile_cpu),
+      **extra)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -235,7 +256,8 @@ _REMOTE_ONLY = ("auth_token_file", "tls", "tls_ca", "tls_cert", "tls_key", "tls_
 _LOCAL_ONLY = ("gpus", "slots_per_gpu", "compile_workers", "cache_dir", "cache_max_bytes",
                "compile_timeout", "run_timeout", "no_pch", "no_light_headers", "batch_members",
                "cpu_test_mode", "no_sandbox", "sandbox_strict",
-               "sandbox_uid_base", "sandbox_memory", "gpu_memory_fraction")
+               "sandbox_uid_base", "sandbox_memory", "gpu_memory_fraction",
+               "compile_unconfined", "compile_memory", "compile_cpu")
 
 
 def _misplaced(parser: argparse.ArgumentParser, args: argparse.Namespace) -> str:
@@ -258,6 +280,16 @@ def _read(path: pathlib.Path) -> str:
     raise SystemExit(_usage_error(f"cannot read {path}: {e.strerror}"))
   except UnicodeDecodeError as e:
     raise SystemExit(_usage_error(f"{path} is not UTF-8 text: {e}"))
+
+
+def _read_candidate(path: pathlib.Path) -> tuple[str | None, str]:
+  """(text, "") or (None, why it cannot be verified): one bad file does not stop the others."""
+  try:
+    return path.read_bytes().decode("utf-8"), ""
+  except OSError as e:
+    return None, f"cannot read {path}: {e.strerror}"
+  except UnicodeDecodeError as e:
+    return None, f"{path} is not UTF-8 text: {e}"
 
 
 def _usage_error(message: str) -> int:
@@ -325,9 +357,21 @@ def _remote_settings(args: argparse.Namespace) -> remote.RemoteSettings:
       connect_timeout_s=args.connect_timeout, request_timeout_s=args.timeout)
 
 
-async def _check(args: argparse.Namespace) -> list[pb.Verdict]:
+async def _check(args: argparse.Namespace) -> list[pb.Verdict | str]:
+  """One result per candidate file, in order: its verdict, or why the file could not be read."""
   reference = _read(args.reference)
-  candidates = [_read(path) for path in args.candidates]
+  read = [_read_candidate(path) for path in args.candidates]
+  for (_, error) in read:
+    if error:
+      print(f"dice-verifier: error: {error}", file=sys.stderr)
+  readable = [(path, text) for path, (text, _) in zip(args.candidates, read) if text is not None]
+  verdicts = iter(await _check_readable(args, reference, readable) if readable else [])
+  return [error or next(verdicts) for _, error in read]
+
+
+async def _check_readable(args: argparse.Namespace, reference: str,
+                          candidates: list[tuple[pathlib.Path, str]]) -> list[pb.Verdict]:
+  paths = [path for path, _ in candidates]
   options = pb.VerifyOptions(
       precision=pb.Precision.Value(args.precision.upper()), num_correctness_trials=args.trials,
       atol=args.atol, rtol=args.rtol, skip_timing=args.skip_timing,
@@ -337,24 +381,23 @@ async def _check(args: argparse.Namespace) -> list[pb.Verdict]:
   run_id = uuid.uuid4().hex[:12]  # a fresh verdict every run, never one stored by an earlier check
   requests = [pb.VerifyRequest(request_id=f"check:{run_id}:{i}", candidate_source=source,
                                reference_source=reference, options=options)
-              for i, source in enumerate(candidates)]
+              for i, (_, source) in enumerate(candidates)]
   if args.server:
     async with remote.RemoteVerifier(_remote_settings(args)) as server:
       print(remote.describe(args.server, server.info), file=sys.stderr)
       limits = config_lib.ServerConfig(max_source_bytes=server.info.max_source_bytes or (1 << 20))
-      return await _verify_all(args.candidates, requests, server.verify, limits)
+      return await _verify_all(paths, requests, server.verify, limits)
   from verifier_service.service import scheduler as scheduler_lib  # pylint: disable=import-outside-toplevel
   config = _config(args, warm_front_ends=False)  # one-off: nothing to start ahead for
   scheduler = scheduler_lib.Scheduler.create(config)
   await scheduler.start()
   try:
-    return await _verify_all(args.candidates, requests, scheduler.verify, config,
-                             scheduler.compiler)
+    return await _verify_all(paths, requests, scheduler.verify, config, scheduler.compiler)
   finally:
     await scheduler.stop()
 
 
-def _summary(paths: list[pathlib.Path], verdicts: list[pb.Verdict]) -> None:
+def _summary(paths: list[pathlib.Path], verdicts: list[pb.Verdict | str]) -> None:
   from rich.console import Console  # pylint: disable=import-outside-toplevel
   from rich.table import Table  # pylint: disable=import-outside-toplevel
   table = Table(title="dice-verifier check")
@@ -362,6 +405,9 @@ def _summary(paths: list[pathlib.Path], verdicts: list[pb.Verdict]) -> None:
     table.add_column(column, no_wrap=True)
   table.add_column("message", overflow="fold")
   for path, v in zip(paths, verdicts):
+    if isinstance(v, str):  # the file could not be read
+      table.add_row(path.name, "UNREADABLE", "-", "-", "-", v[:160])
+      continue
     compile_s = next((t.duration_s for t in v.stage_timings if t.stage == pb.STAGE_COMPILE), 0.0)
     speedup = f"{v.timing.speedup:.2f}x" if v.HasField("timing") else "-"
     table.add_row(path.name, pb.Outcome.Name(v.outcome), pb.Stage.Name(v.stage).removeprefix(
@@ -393,7 +439,7 @@ def main(argv: list[str] | None = None) -> int:
                      warm_front_ends=not args.no_warm_front_ends)
     try:
       asyncio.run(server.serve(config, insecure=args.insecure, stop_on_stdin_eof=args.stop_on_stdin_eof))
-    except (ValueError, server.BindError) as e:
+    except (ValueError, server.BindError, confine_lib.ConfinementError) as e:
       return _usage_error(str(e))
     except KeyboardInterrupt:  # Ctrl-C during start-up, before the signal handlers are installed
       return EXIT_INTERRUPTED
@@ -402,19 +448,25 @@ def main(argv: list[str] | None = None) -> int:
   if misplaced:
     return _usage_error(misplaced)
   try:
-    verdicts = asyncio.run(_check(args))
+    results = asyncio.run(_check(args))
   except ValueError as e:  # unreadable credentials, an empty token
     return _usage_error(str(e))
+  except confine_lib.ConfinementError as e:  # this host cannot confine the compile stage
+    print(f"dice-verifier: {e}", file=sys.stderr)
+    return EXIT_INFRA
   except remote.RemoteError as e:
     print(f"dice-verifier: {e}", file=sys.stderr)
     return EXIT_INFRA
   if args.json:
-    dicts = [{"candidate": str(path), **json_format.MessageToDict(v, preserving_proto_field_name=True)}
-             for path, v in zip(args.candidates, verdicts)]
+    dicts = [{"candidate": str(path), "error": v} if isinstance(v, str) else
+             {"candidate": str(path), **json_format.MessageToDict(v, preserving_proto_field_name=True)}
+             for path, v in zip(args.candidates, results)]
     print(json.dumps(dicts[0] if len(dicts) == 1 else dicts, indent=1))
   else:
-    _summary(args.candidates, verdicts)
-  return exit_code(verdicts)
+    _summary(args.candidates, results)
+  verdicts = [v for v in results if not isinstance(v, str)]
+  code = exit_code(verdicts)
+  return EXIT_USAGE if len(verdicts) < len(results) and code != EXIT_INFRA else code
 
 
 if __name__ == "__main__":

@@ -89,6 +89,49 @@ def test_check_unreadable_inputs_are_usage_errors(files, tmp_path):
   assert "not UTF-8" in binary.stderr
 
 
+def test_check_verifies_the_readable_candidates_when_one_file_is_bad(files, cache_dir, tmp_path):
+  """A file that cannot be read or decoded gets its own row; the others are verified; the exit
+  code is 2 at the end."""
+  missing, latin = tmp_path / "nope.py", tmp_path / "latin1.py"
+  latin.write_bytes(b"# caf\xe9\n")
+  args = ("check", str(files["ref.py"]), str(files["good.py"]), str(missing), str(latin),
+          "--cache-dir", str(cache_dir))
+  proc = run_cli(*args, "--json")
+  assert proc.returncode == cli.EXIT_USAGE, proc.stderr[-3000:]
+  good, nope, undecodable = json.loads(proc.stdout)
+  assert (good["candidate"], good["outcome"]) == (str(files["good.py"]), "NO_GPU")
+  assert nope == {"candidate": str(missing),
+                  "error": f"cannot read {missing}: No such file or directory"}
+  assert undecodable["candidate"] == str(latin) and "not UTF-8" in undecodable["error"]
+  assert f"cannot read {missing}" in proc.stderr and "not UTF-8" in proc.stderr
+  table = run_cli(*args)
+  assert table.returncode == cli.EXIT_USAGE, table.stderr[-3000:]
+  rows = {line.split()[1]: line for line in table.stdout.splitlines() if line.startswith("│")}
+  assert "NO_GPU" in rows["good.py"]
+  assert "UNREADABLE" in rows["nope.py"] and "UNREADABLE" in rows["latin1.py"]
+
+
+def test_check_never_prints_an_included_host_file(files, cache_dir, tmp_path):
+  """A candidate whose CUDA source includes a host file: COMPILE_ERROR, and no line of the file
+  in the verdict, the JSON or the table (the confined compiler cannot open it)."""
+  secret = tmp_path / "host" / "token.txt"
+  secret.parent.mkdir()
+  secret.write_text("hunter2 TOPSECRET-LINE-ONE\nAWS_SECRET=TOPSECRET-LINE-TWO;\n")
+  candidate = tmp_path / "includes_host_file.py"
+  candidate.write_text(kernels.cuda_candidate(kernels.CUDA_SOURCE.replace(
+      "#include <torch/extension.h>\n", f'#include <torch/extension.h>\n#include "{secret}"\n'),
+      name="cli_host_include_ext"))
+  for extra in (("--json",), ()):
+    proc = run_cli("check", str(files["ref.py"]), str(candidate), "--cache-dir", str(cache_dir),
+                   *extra)
+    assert proc.returncode == cli.EXIT_FAILED, proc.stderr[-3000:]
+    assert "TOPSECRET" not in proc.stdout + proc.stderr and "hunter2" not in proc.stdout
+    if extra:
+      verdict = json.loads(proc.stdout)
+      assert verdict["outcome"] == "COMPILE_ERROR"
+      assert verdict["message"].endswith(f"{secret}: Permission denied"), verdict["message"]
+
+
 def test_serve_refuses_open_listen_without_token():
   proc = run_cli("serve", "--listen", "0.0.0.0:0", timeout=120)
   assert proc.returncode == cli.EXIT_USAGE

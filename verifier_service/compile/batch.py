@@ -31,7 +31,10 @@ Each member keeps the meaning it has alone, and cannot reach another member's pr
   needs are bound to the member's namespace with --defsym (compiler.py).
 Whatever fails falls back to the member's own build (the tiers, ending with the source as
 written): a member whose errors name its file is dropped and the batch retried once without it,
-so that member's verdict comes from its own build and log.
+so that member's verdict comes from its own build and log. A batch that goes over a bound
+(limits.py: memory, CPU time, output, ...) sends every member to build alone, bounded as well:
+only the member that did it fails, with its own message; the others' verdicts are unchanged. A
+batch's own log quotes every member's source, so none of it goes into a member's notes.
 """
 
 from __future__ import annotations
@@ -55,6 +58,13 @@ log = logging.getLogger(__name__)
 
 # (argv, cwd) -> (return code, output): the compile pool's runner.
 RunFn = Callable[[list[str], pathlib.Path], Awaitable[tuple[int, str]]]
+# (argv, files it reads) -> the argv to run: confine.Confinement.tool (confined and bounded).
+ToolFn = Callable[[list[str], tuple[str, ...]], list[str]]
+
+
+def _as_is(argv: list[str], reads: tuple[str, ...]) -> list[str]:
+  del reads
+  return argv
 
 MAX_MEMBERS = 16
 GATHER_S = 0.15  # a burst's requests arrive within this of each other
@@ -321,18 +331,20 @@ def members_in_errors(log_text: str) -> set[int]:
 # ----------------------------------------------------------------------------- the object
 
 
-def _tool(name: str, *args: str) -> str:
-  return subprocess.run([name, *args], capture_output=True, text=True, check=True).stdout
+def _tool(tool: ToolFn, name: str, *args: str) -> str:
+  reads = tuple(a for a in args if a.endswith(".o"))
+  return subprocess.run(tool([name, *args], reads), capture_output=True, text=True,
+                        check=True).stdout
 
 
-def init_signature(obj: str) -> tuple:
+def init_signature(obj: str, tool: ToolFn = _as_is) -> tuple:
   """What loading `obj` runs: per entry of its init/fini arrays, the function's instructions
   (mnemonics) and the symbols they refer to (nvcc's registration of the object's own kernels with
   the CUDA runtime by name only); its .init/.fini sections; its indirect (ifunc) symbols."""
-  at, bodies = _functions(obj)
+  at, bodies = _functions(obj, tool)
   entries = []
   section = ""
-  for line in _tool("readelf", "-rW", obj).splitlines():
+  for line in _tool(tool, "readelf", "-rW", obj).splitlines():
     head = re.match(r"Relocation section '\.rela?(\S+)'", line)
     if head:
       section = head.group(1)
@@ -350,18 +362,20 @@ def init_signature(obj: str) -> tuple:
       entries.append((kind.group(1), "cuda registration"))
     else:
       entries.append((kind.group(1), _closure(name, bodies)))
-  sections = tuple(sorted(re.findall(r"\] (\.(?:init|fini)) ", _tool("readelf", "-SW", obj))))
-  ifuncs = tuple(sorted(l.split()[-1] for l in _tool("readelf", "-sW", obj).splitlines()
+  sections = tuple(sorted(re.findall(r"\] (\.(?:init|fini)) ", _tool(tool, "readelf", "-SW",
+                                                                      obj))))
+  ifuncs = tuple(sorted(l.split()[-1] for l in _tool(tool, "readelf", "-sW", obj).splitlines()
                         if " IFUNC " in l))
   return tuple(sorted(entries, key=repr)), sections, ifuncs
 
 
-def _functions(obj: str) -> tuple[dict[tuple[str, int], str], dict[str, tuple[str, ...]]]:
+def _functions(obj: str, tool: ToolFn
+               ) -> tuple[dict[tuple[str, int], str], dict[str, tuple[str, ...]]]:
   """{(section, offset): name} and {name: body}: each function's instructions (mnemonics), the
   functions it calls or jumps to by name, and its relocation targets; no addresses or addends."""
   functions: dict[tuple[str, int], tuple[str, list[str]]] = {}
   section, body = "", None
-  for line in _tool("objdump", "-dr", "--no-show-raw-insn", obj).splitlines():
+  for line in _tool(tool, "objdump", "-dr", "--no-show-raw-insn", obj).splitlines():
     head = re.match(r"Disassembly of section (\S+):", line)
     if head:
       section = head.group(1)
@@ -401,19 +415,21 @@ def _closure(name: str, bodies: dict[str, tuple[str, ...]]) -> tuple:
   return tuple(reached)
 
 
-def undefined_in(obj: str, nonce: str) -> list[str]:
+def undefined_in(obj: str, nonce: str, tool: ToolFn = _as_is) -> list[str]:
   """Symbols `obj` needs from a batch namespace but does not define."""
-  return [l.split()[0] for l in _tool("nm", "-P", "-u", obj).splitlines() if nonce in l]
+  return [l.split()[0] for l in _tool(tool, "nm", "-P", "-u", obj).splitlines() if nonce in l]
 
 
-def defsyms(main_obj: str, batch_obj: str, namespace: str) -> list[str]:
+def defsyms(main_obj: str, batch_obj: str, namespace: str, tool: ToolFn = _as_is) -> list[str]:
   """`-Wl,--defsym` options binding the global functions main.o needs to `namespace`'s."""
-  needed = [l.split()[0] for l in _tool("nm", "-P", "-u", main_obj).splitlines() if l.strip()]
-  defined = [l.split()[0] for l in _tool("nm", "-P", "--defined-only", batch_obj).splitlines()
+  needed = [l.split()[0] for l in _tool(tool, "nm", "-P", "-u", main_obj).splitlines()
+            if l.strip()]
+  defined = [l.split()[0] for l in _tool(tool, "nm", "-P", "--defined-only", batch_obj
+                                         ).splitlines()
              if namespace in l]
   if not needed or not defined:
     return []
-  names = _tool("c++filt", *needed, *defined).splitlines()
+  names = _tool(tool, "c++filt", *needed, *defined).splitlines()
   wanted = dict(zip(names[:len(needed)], needed))
   prefix = namespace + "::"
   options = []
@@ -449,8 +465,10 @@ class Batcher:
   member, a refused one and every member of a failed batch are told to build alone (None)."""
 
   def __init__(self, compile_fn, run: RunFn, work_dir: pathlib.Path,
-               max_members: int = MAX_MEMBERS, gather_s: float = GATHER_S):
+               max_members: int = MAX_MEMBERS, gather_s: float = GATHER_S,
+               tool: ToolFn = _as_is):
     self._compile = compile_fn
+    self._tool = tool
     self._run = run
     self._work_dir = work_dir
     self.max_members = max_members
@@ -552,7 +570,9 @@ class Batcher:
         return
       obj, _ = task.result()
       signature = await asyncio.shield(self._prefix_object(group))
-      unusable = await asyncio.to_thread(_check, obj, nonce, signature)
+      unusable = await asyncio.to_thread(_check, obj, nonce, signature, self._tool)
+    except compile_procs.LimitExceeded as e:  # which member did it is unknown: each builds alone
+      unusable = f"it went over a bound ({e.limit.value})"
     except compile_procs.ProcessFailed as e:
       culprits = members_in_errors(e.log)
       rest = [pair for i, pair in enumerate(members) if i not in culprits]
@@ -562,7 +582,8 @@ class Batcher:
             _resolve(members[i][1], None, "it does not compile in a batch; built alone")
         await self._run_batch(group, rest, retried=True)
         return
-      unusable = "it did not compile: " + e.log[-300:]
+      log.info("a batch of %d did not compile:\n%s", len(members), e.log[-2000:])
+      unusable = "it did not compile"  # its log quotes the other members' sources
     except Exception as e:  # pylint: disable=broad-except  (a speed-up: each builds alone)
       log.exception("batch compile failed to run")
       unusable = repr(e)
@@ -618,7 +639,7 @@ class Batcher:
                                        group.module_id, None)
         except compile_procs.ProcessFailed:
           return None
-        return await asyncio.to_thread(init_signature, obj)
+        return await asyncio.to_thread(init_signature, obj, self._tool)
       group.prefix_object = asyncio.ensure_future(build())
     return group.prefix_object
 
@@ -648,12 +669,12 @@ def _resolve(future: asyncio.Future, value: Batched | None, why: str) -> None:
     future.set_result((value, why))
 
 
-def _check(obj: str, nonce: str, signature: tuple | None) -> str:
+def _check(obj: str, nonce: str, signature: tuple | None, tool: ToolFn = _as_is) -> str:
   """Why the batch object must not be used, or ''."""
-  missing = undefined_in(obj, nonce)
+  missing = undefined_in(obj, nonce, tool)
   if missing:
     return f"it needs symbols of a member that no member defines: {missing[:3]}"
-  if signature is None or init_signature(obj) != signature:
+  if signature is None or init_signature(obj, tool) != signature:
     return "it runs code at load time that the headers alone do not"
   return ""
 

@@ -33,6 +33,11 @@ it fast (each measured in `benchmarks/verifier_compile.py`):
 Each build's processes (start, wait, wall) are recorded in `BuildResult.steps` (procs.Trace).
 
 Compilers run as their own process group; a deadline or a cancelled request kills the group.
+Every compiler process runs confined and bounded (confine.py, limits.py): the Compiler refuses to
+start where the host cannot confine them, unless made with `confine=False`. A build that goes
+over a bound fails at once (no heavier tier is tried: the source asks the same of the compiler at
+every tier), as COMPILE_ERROR, or TIMEOUT for CPU time, its log's first line naming the limit.
+Every log it keeps has been cleaned (diagnostics.py).
 `on_progress` receives what the stage is doing (shared one-off builds included), for
 `dice-verifier check`'s display.
 """
@@ -54,9 +59,11 @@ from verifier_service import singleflight
 from verifier_service.compile import batch as batch_lib
 from verifier_service.compile import buildspec
 from verifier_service.compile import cache as compile_cache
+from verifier_service.compile import confine as confine_lib
 from verifier_service.compile import front_ends as front_ends_lib
 from verifier_service.compile import header_tiers
 from verifier_service.compile import host_pch
+from verifier_service.compile import limits as limits_lib
 from verifier_service.compile import objects as objects_lib
 from verifier_service.compile import pch as pch_lib
 from verifier_service.compile import procs as compile_procs
@@ -123,7 +130,8 @@ class Compiler:
                light_headers: bool = True, split_nvcc: bool = True,
                cache_max_bytes: int = compile_cache.DEFAULT_MAX_BYTES, nice: int = 10,
                main_tiers: bool = True, batch_members: int = batch_lib.MAX_MEMBERS,
-               warm_front_ends: bool = False):
+               warm_front_ends: bool = False, limits: limits_lib.Limits | None = None,
+               confine: bool = True):
     self.toolchain = toolchain
     self.cache_dir = pathlib.Path(cache_dir)
     self.max_jobs = max_jobs
@@ -137,33 +145,53 @@ class Compiler:
     for sub in ("obj", "so", "builds", "pch", "headers", "tmp"):
       (self.cache_dir / sub).mkdir(parents=True, exist_ok=True)
     self._in_use = compile_cache.hold_shared(self.cache_dir)
-    self._runner = compile_procs.ProcessRunner(max_jobs, toolchain.build_env(), nice=nice)
+    try:
+      self.confinement = confine_lib.Confinement(
+          self.cache_dir, toolchain.cuda_root, toolchain.cxx, toolchain.build_env(),
+          limits or limits_lib.Limits(), enabled=confine)
+    except confine_lib.ConfinementError:
+      self._in_use.close()
+      raise
+    if confine:
+      log.info("compile confinement: %s", self.confinement.describe())
+    else:
+      log.error("compile stage UNCONFINED: compilers read any file this server can and reach the "
+                "network (bounds still apply): %s", self.confinement.describe())
+    self._runner = compile_procs.ProcessRunner(max_jobs, toolchain.build_env(), nice=nice,
+                                               confinement=self.confinement)
     self._bound = compile_cache.Bound(self.cache_dir, cache_max_bytes, self._protected)
     self._pch = pch_lib.PrecompiledHeaders(self.cache_dir / "pch", self.cache_dir / "tmp",
                                            toolchain.fingerprint, self._runner, self._report,
                                            self._bound.added)
     host = host_pch.HostHeaders(self._pch) if use_pch else None
     self._front_ends = front_ends_lib.FrontEnds(
-        self.cache_dir / "tmp", self.cache_dir / "warm", toolchain.build_env(),
-        lambda argv, cwd: self._runner.run(argv, cwd, echo=False), nice=nice
+        self.cache_dir / "tmp", self.cache_dir / "warm", self._runner.env,
+        lambda argv, cwd: self._runner.run(argv, cwd, echo=False), nice=nice,
+        confinement=self.confinement
     ) if (warm_front_ends and split_nvcc and light_headers) else None
     self._probe: asyncio.Task | None = None
-    self._objects = objects_lib.Objects(self.cache_dir, toolchain.fingerprint, self._runner,
-                                        split_nvcc, host, self._bound.added,
-                                        self._front_ends)
-    self._envs = tier_environment.Store(self.cache_dir / "headers", self.cache_dir / "tmp",
-                                        toolchain.fingerprint, self._runner.run, self._report,
-                                        self._objects.publish)
+    # Objects built unconfined (their logs, anything an .incbin read) are never a confined
+    # server's, nor the reverse.
+    self._objects = objects_lib.Objects(
+        self.cache_dir, toolchain.fingerprint + ("" if confine else "-unconfined"), self._runner,
+        split_nvcc, host, self._bound.added, self._front_ends)
+    self._envs = tier_environment.Store(
+        self.cache_dir / "headers", self.cache_dir / "tmp", toolchain.fingerprint,
+        lambda argv, cwd: self._runner.run(argv, cwd, shared=True), self._report,
+        self._objects.publish)
     self._flags: dict[tuple, buildspec.BuildFlags] = {}
     self._builds: singleflight.SingleFlight[BuildResult] = singleflight.SingleFlight()
     self._building = 0  # builds in flight: a lone one never waits for a batch
     self._batcher = batch_lib.Batcher(
         self._objects.compile, lambda argv, cwd: self._runner.run(argv, cwd),
-        self.cache_dir / "tmp", batch_members) if (self.tiers and batch_members > 1) else None
+        self.cache_dir / "tmp", batch_members, tool=self.confinement.tool
+    ) if (self.tiers and batch_members > 1) else None
     self._arrivals = itertools.count(1)
     lite = (pathlib.Path(header_tiers.__file__).parent / "torch_lite.h").read_text()
+    # Bounds and confinement change what a build may end as (a limit, a withheld diagnostic).
     self._policy = objects_lib.digest("policy", header_tiers.VERSION, lite, self.tiers, self.main_tiers,
-                           use_pch, split_nvcc)
+                           use_pch, split_nvcc, confine,
+                           dataclasses.asdict(self.confinement.limits))
     self.hits = 0
     self.misses = 0
 
@@ -242,6 +270,7 @@ class Compiler:
     await asyncio.gather(self._pch.close(), self._envs.close(), self._bound.close(),
                          *([self._front_ends.close()] if self._front_ends else []),
                          return_exceptions=True)
+    self.confinement.close()
     self._in_use.close()
 
   def stats(self) -> dict[str, int]:
@@ -372,7 +401,7 @@ class Compiler:
       done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
       for task in done:
         if isinstance(task.exception(), compile_procs.ProcessFailed):
-          return self._failed(key, task.exception().log)
+          return self._failed(key, task.exception())
       main_obj, main_tier, main_notes, pch_used = tasks[0].result()
       cuda_obj, tier, notes = tasks[1].result() if len(tasks) > 1 else (None, "", {})
       self._report("link", f"linking {ext.name}")
@@ -386,15 +415,16 @@ class Compiler:
           try:
             cuda_obj, tier, more = await self._cuda_object(flags, cuda_text, self.tiers, False)
           except compile_procs.ProcessFailed as e:
-            return self._failed(key, e.log)
+            return self._failed(key, e)
           notes.update(more)
       batch_note = notes.pop("batch", "")
       try:
         if not batch_size:
           so_path = await self._objects.link(flags, ext.name, main_obj, cuda_obj)
       except compile_procs.ProcessFailed as e:
-        if not (_lighter(main_tier) or _lighter(tier)):
-          return self._failed(key, e.log)
+        if isinstance(e, compile_procs.LimitExceeded) or not (_lighter(main_tier) or
+                                                               _lighter(tier)):
+          return self._failed(key, e)
         try:  # lighter objects that compile but do not link: fall back to the originals
           if _lighter(main_tier):
             main_notes[main_tier] = "compiled but did not link"
@@ -404,7 +434,7 @@ class Compiler:
             cuda_obj, tier, _ = await self._cuda_object(flags, cuda_text, ())
           so_path = await self._objects.link(flags, ext.name, main_obj, cuda_obj)
         except compile_procs.ProcessFailed as e2:
-          return self._failed(key, e2.log)
+          return self._failed(key, e2)
     finally:
       for task in tasks:
         task.cancel()
@@ -458,7 +488,7 @@ class Compiler:
     the member's namespace. (path, "") or ("", why not)."""
     try:
       bindings = await asyncio.to_thread(batch_lib.defsyms, main_obj, member.path,
-                                         member.namespace)
+                                         member.namespace, self.confinement.tool)
     except (OSError, subprocess.CalledProcessError) as e:
       return "", f"its symbols could not be read: {e}"
     if not bindings:
@@ -467,7 +497,7 @@ class Compiler:
       return await self._objects.link(flags, ext.name, main_obj, member.path,
                                       tuple(bindings)), ""
     except compile_procs.ProcessFailed as e:
-      return "", "linked with its batch, it failed: " + e.log[-200:]
+      return "", "linked with its batch, it failed: " + e.log[-200:].replace(member.path, "")
 
   async def _cuda_object(self, flags: buildspec.BuildFlags, cuda_text: str,
                          tiers: tuple[str, ...], may_batch: bool = True, problem: str = ""
@@ -515,15 +545,20 @@ class Compiler:
                    error: compile_procs.ProcessFailed, notes: dict[str, str]) -> None:
     """A lighter tier that did not compile is noted (and disabled for its environment when the log
     shows the tier broke it); the original source's failure is the build's, re-raised."""
-    if tier == ORIGINAL:
+    if tier == ORIGINAL or isinstance(error, compile_procs.LimitExceeded):
       raise error
     notes[tier] = "did not compile"
     if header_tiers.broken_by_tier(error.log, tier):
       self._envs.disable(env, tier, error.log)
 
-  def _failed(self, key: str, log_text: str) -> BuildResult:
-    text, truncated = bound_log(log_text, self.max_log_bytes)
-    result = BuildResult(ok=False, log=text, log_truncated=truncated, cache_key=key)
+  def _failed(self, key: str, error: compile_procs.ProcessFailed) -> BuildResult:
+    """The failed build's result, kept as its record. CPU time over its bound ends as a timeout
+    whose log is just the limit's line (the verdict's message quotes a timeout's log whole)."""
+    cpu = isinstance(error, compile_procs.LimitExceeded) and error.limit == limits_lib.Limit.CPU
+    text, truncated = bound_log(error.log.split("\n", 1)[0] if cpu else error.log,
+                                self.max_log_bytes)
+    result = BuildResult(ok=False, log=text, log_truncated=truncated, cache_key=key,
+                         timed_out=cpu)
     self._write_record(key, result)
     return result
 

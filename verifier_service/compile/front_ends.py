@@ -32,7 +32,8 @@ Decisions:
   holds a parsed translation unit in memory (cicc on torch/types.h peaked at 1.5 GB; less on
   the lite tier).
 - Warm processes run outside the compiler slot pool (they wait, mostly) at the compilers' nice
-  level; parsing the prefix is work the next candidate would otherwise do itself. The usual run
+  level, confined and bounded as every compiler process is (confine.py; rlimits only, no cgroup
+  of their own); parsing the prefix is work the next candidate would otherwise do itself. The usual run
   of a command's first warm run goes through the compiler pool (`run`).
 - The preloaded library is compiled once per cache folder with the host's C compiler; if that
   fails, warm front ends are off and every compile runs as before.
@@ -54,6 +55,7 @@ import signal
 import tempfile
 import time
 
+from verifier_service.compile import confine as confine_lib
 from verifier_service.compile import nvcc_split
 from verifier_service.compile import procs as compile_procs
 
@@ -102,7 +104,9 @@ class FrontEnds:
   """Warm cudafe++ and cicc processes; `run` is nvcc_split's `front_end` hook."""
 
   def __init__(self, scratch: pathlib.Path, shim_dir: pathlib.Path, env: dict[str, str],
-               run: nvcc_split.RunFn, nice: int = 10, depth: int = 1, max_commands: int = 2):
+               run: nvcc_split.RunFn, nice: int = 10, depth: int = 1, max_commands: int = 2,
+               confinement: confine_lib.Confinement | None = None):
+    self._confinement = confinement
     self._scratch = scratch
     self._shim_dir = shim_dir
     self._env = env
@@ -262,11 +266,16 @@ class FrontEnds:
     warm_command = _ORIG_PATH_RE.sub(f" --orig_src_path_name {here}", command)
     child_env = dict(self._env, LD_PRELOAD=str(shim), DICE_WARM_PATH=rel,
                      DICE_WARM_FD=str(read_end))
+    argv = nvcc_split.shell(env, ["exec " + warm_command])
+    confinement = self._confinement
+    if confinement is not None and confinement.wrapper is not None:
+      argv = confinement.argv(argv, rw=folder, reads=(str(shim),), nice=self._nice)
+    else:
+      argv = compile_procs.nice_prefix(self._nice, self._env) + argv
     try:
       with open(folder / ".warm-output", "wb") as output:
         process = await asyncio.create_subprocess_exec(
-            *compile_procs.nice_prefix(self._nice, self._env),
-            *nvcc_split.shell(env, ["exec " + warm_command]), cwd=folder,
+            *argv, cwd=folder,
             stdin=asyncio.subprocess.DEVNULL, stdout=output, stderr=asyncio.subprocess.STDOUT,
             env=child_env, pass_fds=(read_end,), start_new_session=True)
     except BaseException as e:  # the pipe closed, a process that did start reads to its end
@@ -304,7 +313,7 @@ class FrontEnds:
     if rc < 0:  # killed by a signal: not the source's doing, run it as usual
       await self._discard(warm)
       return None
-    output = (warm.folder / ".warm-output").read_text(errors="replace")
+    output = _head(warm.folder / ".warm-output", self._confinement)
     for name in _files(warm.folder) - warm.before:
       target = cwd / name
       target.parent.mkdir(parents=True, exist_ok=True)
@@ -358,6 +367,13 @@ async def _build_shim(folder: pathlib.Path, env: dict[str, str]) -> pathlib.Path
     return None
   os.replace(partial, target)
   return target
+
+
+def _head(path: pathlib.Path, confinement: confine_lib.Confinement | None) -> str:
+  """A warm process's output, as much of it as the runner would read back."""
+  cap = confinement.limits.output_bytes if confinement is not None else None
+  with open(path, "rb") as f:
+    return f.read(cap if cap is not None else -1).decode("utf-8", "replace")
 
 
 def _key(command: str, env: dict[str, str], module: bytes) -> str:

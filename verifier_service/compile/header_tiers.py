@@ -70,7 +70,9 @@ _NAMESPACE_RE = re.compile(r"\busing\s+namespace\b|\bnamespace\s+(?:at|torch|c10
 _UNDEFINED_RE = re.compile(r'error(?: #\d+(?:-D)?)?: identifier "(\w+)" is undefined')
 _ERROR_RE = re.compile(r"\berror(?: #\d+(?:-D)?)?:")
 _IMPLICIT_MAIN = "#include <torch/extension.h>\n"
-_MISSING_FILE_RE = re.compile(r"fatal error: (?!dice_tier_)[^:\n]+: No such file or directory")
+# An include that fails at every tier: missing, or outside what a confined compiler may read.
+_MISSING_FILE_RE = re.compile(r"fatal error: (?!dice_tier_)[^:\n]+: "
+                              r"(?:No such file or directory|Permission denied)")
 
 
 @dataclasses.dataclass
@@ -167,7 +169,8 @@ def refusal(cuda_text: str, tier: str, env: Environment) -> str | None:
 def types_may_help(lite_log: str, env: Environment) -> bool:
   """Whether a failed lite build could build at the types tier.
 
-  Ruled out: a missing include file (torch/types.h changes no include path), and a plain typo:
+  Ruled out: a missing or unreadable include file (torch/types.h changes no include path, nor
+  what a confined compiler may read), and a plain typo:
   every error is an undefined identifier that appears nowhere in the original headers either (the
   original build will fail the same way, and says so).
   """

@@ -31,6 +31,9 @@ import re
 import shlex
 from typing import Awaitable, Callable, Optional
 
+from verifier_service.compile import confine as confine_lib
+from verifier_service.compile import procs as compile_procs
+
 # (argv, cwd) -> (return code, combined output).
 RunFn = Callable[[list[str], pathlib.Path], Awaitable[tuple[int, str]]]
 
@@ -170,6 +173,10 @@ async def compile_split(argv: list[str], source_text: str, cwd: pathlib.Path, ru
     for task in (host, device):
       task.cancel()
     await asyncio.gather(host, device, return_exceptions=True)
+  # A bound went over, or a step could not be confined: final, whichever chain it was.
+  for result in results:
+    if isinstance(result, (compile_procs.LimitExceeded, confine_lib.ConfinementError)):
+      raise result
   # Report as nvcc would: the host chain runs first there, and nothing after a failing step.
   output = ""
   for result in results:

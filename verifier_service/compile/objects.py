@@ -10,7 +10,8 @@ Decisions:
 - Compilers run in the work folder with relative paths: nothing in their output then depends on
   which scratch folder a build got (host_pch.py relies on it; logs name cuda.cu, not /tmp/...).
 - A compiler killed by a signal (the OOM killer, an operator) is not a property of the source: it
-  is reported but not kept.
+  is reported but not kept. Nor is a compile over a bound (procs.LimitExceeded, raised by the
+  runner): the build's record keeps it, under a key that includes the bounds (compiler.py).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from typing import Callable
 from verifier_service import singleflight
 from verifier_service.compile import buildspec
 from verifier_service.compile import cache as compile_cache
+from verifier_service.compile import confine as confine_lib
 from verifier_service.compile import front_ends as front_ends_lib
 from verifier_service.compile import host_pch
 from verifier_service.compile import nvcc_split
@@ -88,42 +90,51 @@ class Objects:
                      split: bool, module_id: str | None, files: dict[str, str]) -> str:
     work = pathlib.Path(tempfile.mkdtemp(prefix="tu-", dir=self.cache_dir / "tmp"))
     try:
-      (work / filename).write_text(text, encoding="utf-8")
-      for name, content in files.items():
-        (work / name).parent.mkdir(parents=True, exist_ok=True)
-        (work / name).write_text(content, encoding="utf-8")
-      out = work / (filename + ".o")
-      argv = [{"{src}": filename, "{out}": out.name}.get(a, a) for a in cmd]
-      result = None
-      if split:
-        prepare = self._host.prepare if (self._host is not None and module_id) else None
-        # Warm front ends only at a light tier: elsewhere the module id is the source's own.
-        warm = self._front_ends.run if (self._front_ends is not None and module_id) else None
-        try:
-          result = await nvcc_split.compile_split(
-              argv, text, work, lambda a, cwd: self._runner.run(a, cwd, echo=False),
-              module_id=module_id, prepare_final=prepare, front_end=warm)
-        except Exception:  # pylint: disable=broad-except  (a speed-up: nvcc itself decides)
-          log.exception("split nvcc failed to run; running nvcc as a whole")
-          result = None
-        shutil.rmtree(work / "nvcc-steps", ignore_errors=True)  # preprocessed files: big
-      rc, output = result or await self._runner.run(argv, cwd=work, echo=False)
-      if rc != 0:
-        output = f"$ {' '.join(argv)}\n{output}"
-      output = output.replace(f"{work}/", "")  # the log names cuda.cu, not a scratch folder
-      if rc < 0:  # killed by a signal (OOM killer, operator): not a property of the source
-        raise compile_procs.ProcessFailed(output + f"\ncompiler killed by signal {-rc}")
-      final.parent.mkdir(parents=True, exist_ok=True)
-      if rc != 0:
-        (work / "error.log").write_text(output)
-        out.unlink(missing_ok=True)
-        self.publish(work, final)
-        raise compile_procs.ProcessFailed(output)
-      (work / "compile.log").write_text(output)
-      self.publish(work, final)
-      return str(final / out.name)
+      return await self._compile_in(work, cmd, text, filename, final, split, module_id, files)
+    except compile_procs.LimitExceeded as e:
+      raise compile_procs.LimitExceeded(e.limit, self._clean(e.log, work)) from None
     finally:
       shutil.rmtree(work, ignore_errors=True)
+
+  async def _compile_in(self, work: pathlib.Path, cmd: list[str], text: str, filename: str,
+                        final: pathlib.Path, split: bool, module_id: str | None,
+                        files: dict[str, str]) -> str:
+    (work / filename).write_text(text, encoding="utf-8")
+    for name, content in files.items():
+      (work / name).parent.mkdir(parents=True, exist_ok=True)
+      (work / name).write_text(content, encoding="utf-8")
+    out = work / (filename + ".o")
+    argv = [{"{src}": filename, "{out}": out.name}.get(a, a) for a in cmd]
+    result = None
+    if split:
+      prepare = self._host.prepare if (self._host is not None and module_id) else None
+      # Warm front ends only at a light tier: elsewhere the module id is the source's own.
+      warm = self._front_ends.run if (self._front_ends is not None and module_id) else None
+      try:
+        result = await nvcc_split.compile_split(
+            argv, text, work, lambda a, cwd: self._runner.run(a, cwd, echo=False),
+            module_id=module_id, prepare_final=prepare, front_end=warm)
+      except (compile_procs.LimitExceeded, confine_lib.ConfinementError):
+        raise  # the source went over a bound (final), or we could not confine a step
+      except Exception:  # pylint: disable=broad-except  (a speed-up: nvcc itself decides)
+        log.exception("split nvcc failed to run; running nvcc as a whole")
+        result = None
+      shutil.rmtree(work / "nvcc-steps", ignore_errors=True)  # preprocessed files: big
+    rc, output = result or await self._runner.run(argv, cwd=work, echo=False)
+    if rc != 0:
+      output = f"$ {' '.join(argv)}\n{output}"
+    output = self._clean(output, work)  # the log names cuda.cu, not a scratch folder
+    if rc < 0:  # killed by a signal (OOM killer, operator): not a property of the source
+      raise compile_procs.ProcessFailed(output + f"\ncompiler killed by signal {-rc}")
+    final.parent.mkdir(parents=True, exist_ok=True)
+    if rc != 0:
+      (work / "error.log").write_text(output)
+      out.unlink(missing_ok=True)
+      self.publish(work, final)
+      raise compile_procs.ProcessFailed(output)
+    (work / "compile.log").write_text(output)
+    self.publish(work, final)
+    return str(final / out.name)
 
   async def link(self, flags: buildspec.BuildFlags, name: str, main_obj: str,
                  cuda_obj: str | None, extra: tuple[str, ...] = ()) -> str:
@@ -140,14 +151,24 @@ class Objects:
     try:
       argv = list(flags.cxx) + objects + list(flags.ldflags) + list(extra) + [
           "-o", str(work / so.name)]
-      rc, output = await self._runner.run(argv, cwd=work)
+      try:
+        rc, output = await self._runner.run(argv, cwd=work, reads=tuple(objects))
+      except compile_procs.LimitExceeded as e:
+        raise compile_procs.LimitExceeded(e.limit, self._clean(e.log, work)) from None
       if rc != 0:
-        raise compile_procs.ProcessFailed(output)
+        raise compile_procs.ProcessFailed(self._clean(output, work))
       final.parent.mkdir(parents=True, exist_ok=True)
       self.publish(work, final)
       return str(so)
     finally:
       shutil.rmtree(work, ignore_errors=True)
+
+  def _clean(self, text: str, work: pathlib.Path) -> str:
+    """A log as it may leave the compile stage (diagnostics.py)."""
+    confinement = self._runner.confinement
+    if confinement is None:
+      return text.replace(f"{work}/", "")
+    return confinement.clean(text, work)
 
   def publish(self, work: pathlib.Path, final: pathlib.Path) -> None:
     """Atomically moves a finished build folder into the cache (first writer wins)."""

@@ -135,7 +135,10 @@ class PrecompiledHeaders:
         start = time.monotonic()
         self._report("pch", f"precompiling {what} (once per toolchain; a few hundred MB in "
                             f"{self.root})")
-        rc, output = await self._runner.run(argv, cwd=work)
+        try:
+          rc, output = await self._runner.run(argv, cwd=work, shared=True)
+        except compile_procs.LimitExceeded as e:  # our own header: compile without it
+          rc, output = 1, e.log
         seconds = time.monotonic() - start
         if rc != 0:
           log.warning("precompiling %s failed; compiling without it: %s", what, output[-2000:])

@@ -7,6 +7,13 @@ early as it can instead of all of them crawling forward together, so latency und
 close to the queueing delay plus one build, at the same throughput.
 
 Processes run in their own process group; a cancelled request (deadline, client gone) kills it.
+With a `confine.Confinement` (the compiler always has one), each runs through its exec wrapper:
+sandboxed (unless the server is unconfined) and bounded (limits.py), in a cgroup of its own where
+the host has them, and its output is read back up to `Limits.output_bytes`. A command that went
+over a bound raises `LimitExceeded`; one the wrapper could not confine raises
+`confine.ConfinementError`. Output is returned as the tool printed it (dry runs, include traces
+and macro lists are read by our code); what becomes a build's log is cleaned where the log is
+made (objects.py, diagnostics.py).
 
 Each process run while a build's `STEPS` trace is set is recorded there (what ran, when it
 started relative to the build, how long it waited for a slot and ran): BuildResult.steps, so a
@@ -34,6 +41,9 @@ import shutil
 import signal
 import time
 from typing import AsyncIterator
+
+from verifier_service.compile import confine as confine_lib
+from verifier_service.compile import limits as limits_lib
 
 # Priority of the build the current task works for: lower runs first. Shared artefacts that every
 # build waits for (precompiled header, header environment) run at -1.
@@ -77,6 +87,15 @@ class ProcessFailed(Exception):
   def __init__(self, log_text: str):
     super().__init__(log_text[-200:])
     self.log = log_text
+
+
+class LimitExceeded(ProcessFailed):
+  """A compiler process went over a bound (`limit`): the source's doing, final for its build
+  (no lighter tier, batch or split compile changes what the source asks of the compiler)."""
+
+  def __init__(self, limit: limits_lib.Limit, log_text: str):
+    super().__init__(log_text)
+    self.limit = limit
 
 
 class Slots:
@@ -125,48 +144,140 @@ def nice_prefix(level: int, env: dict[str, str]) -> list[str]:
 class ProcessRunner:
   """Runs compiler processes within the slot pool."""
 
-  def __init__(self, max_jobs: int, env: dict[str, str], nice: int = 10):
+  def __init__(self, max_jobs: int, env: dict[str, str], nice: int = 10,
+               confinement: confine_lib.Confinement | None = None):
     self.max_jobs = max_jobs
-    self._env = env
+    self.confinement = confinement
+    self._env = confinement.env if confinement is not None else env
     self._slots = Slots(max_jobs)
-    self._prefix = nice_prefix(nice, env)
+    self._nice = nice
+    wrapped = confinement is not None and confinement.wrapper is not None
+    self._prefix = [] if wrapped else nice_prefix(nice, env)
+
+  @property
+  def env(self) -> dict[str, str]:
+    """The environment compiler processes get (the allow-list when confined)."""
+    return self._env
 
   async def run(self, argv: list[str], cwd: pathlib.Path, echo: bool = True,
-                step: str = "") -> tuple[int, str]:
-    """Return code and combined output; a failure's output starts with the command (`echo`).
-    `step` names the process in the build's trace (default: `step_name`)."""
+                step: str = "", reads: tuple[str, ...] = (), shared: bool = False
+                ) -> tuple[int, str]:
+    """Return code and combined output; a failure's output starts with the command (`echo`). `step` names the process in the build's trace (default: `step_name`); `reads`:
+    files outside `cwd` it may read; `shared`: a build of the server's own headers. Raises
+    LimitExceeded (over a bound) and confine.ConfinementError (not confined)."""
     asked = time.monotonic()
     async with self._slots.hold(PRIORITY.get()):
       began = time.monotonic()
-      # Shielded: a cancel that lands while the process is being created still reaps it.
-      spawn = asyncio.ensure_future(asyncio.create_subprocess_exec(
-          *self._prefix, *argv, cwd=cwd, stdout=asyncio.subprocess.PIPE,
-          stderr=asyncio.subprocess.STDOUT,
-          stdin=asyncio.subprocess.DEVNULL, env=self._env, start_new_session=True))
-      try:
-        proc = await asyncio.shield(spawn)
-        output, _ = await proc.communicate()
-      except asyncio.CancelledError:
-        try:
-          proc = await spawn
-        except Exception:  # pylint: disable=broad-except  (it never started)
-          raise asyncio.CancelledError() from None
-        try:
-          os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-          pass
-        await proc.wait()
-        # Read to EOF so the pipe transport closes now, not when collected after the loop ends.
-        with contextlib.suppress(asyncio.TimeoutError):
-          await asyncio.wait_for(proc.stdout.read(), 5)
-        raise
+      rc, text, limit = await self._spawn(argv, cwd, reads, shared)
       trace = STEPS.get()
       if trace is not None:
         trace.add(step or step_name(argv), asked, began, time.monotonic())
-    text = output.decode("utf-8", "replace")
-    if proc.returncode != 0 and echo:
+    if rc != 0 and echo:
       text = f"$ {shlex.join(argv)}\n{text}"
-    return proc.returncode, text
+    if limit is not None:
+      limits = self.confinement.limits.shared() if shared else self.confinement.limits
+      raise LimitExceeded(limit, f"{limits.message(limit)}\n{text}")
+    return rc, text
+
+  async def _spawn(self, argv: list[str], cwd: pathlib.Path, reads: tuple[str, ...],
+                   shared: bool) -> tuple[int, str, limits_lib.Limit | None]:
+    """Runs one command to its end: (return code, raw output, the bound it went over)."""
+    confinement = self.confinement
+    wrapped = confinement is not None and confinement.wrapper is not None
+    cap = confinement.limits.output_bytes if confinement is not None else None  # never raised
+    report_r, report_w = os.pipe() if wrapped else (-1, -1)
+    limits = None if confinement is None else (
+        confinement.limits.shared() if shared else confinement.limits)
+    groups = (confinement.cgroups.group(limits) if wrapped and confinement.cgroups is not None
+              else contextlib.nullcontext([]))
+    try:
+      async with groups as folders:
+        full = (confinement.argv(argv, rw=cwd, reads=reads, nice=self._nice,
+                                 report_fd=report_w, cgroups=folders, shared=shared)
+                if wrapped else [*self._prefix, *argv])
+        # Shielded: a cancel that lands while the process is being created still reaps it.
+        spawn = asyncio.ensure_future(asyncio.create_subprocess_exec(
+            *full, cwd=cwd, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+            stdin=asyncio.subprocess.DEVNULL, env=self._env, start_new_session=True,
+            pass_fds=(report_w,) if wrapped else ()))
+        try:
+          proc = await asyncio.shield(spawn)
+        except asyncio.CancelledError:
+          await _reap(spawn)
+          raise
+        finally:
+          if wrapped:
+            os.close(report_w)
+            report_w = -1
+        try:
+          output, over = await _read_capped(proc, cap)
+        except asyncio.CancelledError:
+          await _reap(spawn)
+          raise
+        events = (confinement.cgroups.exceeded(folders)
+                  if wrapped and confinement.cgroups is not None and folders else None)
+      usage = limits_lib.Usage.parse(_read_report(report_r)) if wrapped else None
+    finally:
+      for fd in (report_r, report_w):
+        if fd >= 0:
+          os.close(fd)
+    text = output.decode("utf-8", "replace")
+    if usage is not None and usage.setup:
+      raise confine_lib.ConfinementError(f"could not confine {step_name(argv)}: {usage.setup}")
+    limit = None
+    if over:
+      limit = limits_lib.Limit.OUTPUT
+    elif proc.returncode != 0 and confinement is not None:
+      limit = limits_lib.exceeded(usage, text, limits, events)
+    return proc.returncode, text, limit
+
+
+async def _reap(spawn: asyncio.Future) -> None:
+  """Kills a spawned process's group and waits for it (a cancelled run)."""
+  try:
+    proc = await spawn
+  except Exception:  # pylint: disable=broad-except  (it never started)
+    return
+  try:
+    os.killpg(proc.pid, signal.SIGKILL)
+  except ProcessLookupError:
+    pass
+  await proc.wait()
+  # Read to EOF so the pipe transport closes now, not when collected after the loop ends.
+  with contextlib.suppress(asyncio.TimeoutError):
+    await asyncio.wait_for(proc.stdout.read(), 5)
+
+
+async def _read_capped(proc: asyncio.subprocess.Process, cap: int | None) -> tuple[bytes, bool]:
+  """The process's output up to `cap` bytes, and whether it printed more (then its group is
+  killed: a compiler printing without end is bounded here, not in the server's memory)."""
+  chunks, size = [], 0
+  while True:
+    chunk = await proc.stdout.read(1 << 16)
+    if not chunk:
+      break
+    size += len(chunk)
+    if cap is not None and size > cap:
+      chunks.append(chunk[:len(chunk) - (size - cap)])
+      with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+      await proc.wait()
+      with contextlib.suppress(asyncio.TimeoutError):
+        while await asyncio.wait_for(proc.stdout.read(1 << 16), 5):
+          pass
+      return b"".join(chunks), True
+    chunks.append(chunk)
+  await proc.wait()
+  return b"".join(chunks), False
+
+
+def _read_report(fd: int) -> str:
+  """The wrapper's report line (written before it exited; empty if it was killed)."""
+  try:
+    os.set_blocking(fd, False)
+    return os.read(fd, 4096).decode("utf-8", "replace")
+  except OSError:
+    return ""
 
 
 @contextlib.asynccontextmanager
