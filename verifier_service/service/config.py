@@ -16,6 +16,7 @@ from dice.verifier.v1 import verifier_pb2 as pb
 from verifier_service import enums
 from verifier_service.compile import batch as batch_lib
 from verifier_service.compile import cache as compile_cache
+from verifier_service.compile import limits as compile_limits_lib
 from verifier_service.compile import toolchain
 from verifier_service.run import job as job_lib
 
@@ -81,6 +82,13 @@ class ServerConfig:
   # scheduler puts them.
   timing_core: bool = True
   verdict_store_size: int = 100_000  # verdicts kept on disk (by request id) across restarts
+  # Compile stage (compile/confine.py, compile/limits.py): every compiler process sandboxed (files,
+  # network, other processes) and bounded (memory, CPU time, file size, processes, output). False:
+  # compilers run unconfined, for a host whose kernel cannot confine them (the server otherwise
+  # refuses to start there); loudly logged, and the bounds still apply.
+  compile_confine: bool = True
+  compile_limits: compile_limits_lib.Limits = dataclasses.field(
+      default_factory=compile_limits_lib.Limits)
   # --- the run stage at RL speed (run/budget.py, run/worker.py, service/text_key.py) ---
   # The run stage's budget scaled to the reference's measured time: at least run_budget_floor_s
   # per stretch of a job, a candidate call allowed run_budget_slowdown x the reference's until its
