@@ -15,9 +15,10 @@ from verifier_service.service import scheduler as scheduler_lib
 
 
 def make_config(cache_dir, **overrides) -> config_lib.ServerConfig:
-  """Small, test-sized settings on a free loopback port."""
+  """Small, test-sized settings on a free loopback port. The program cache is off (tests send the
+  same candidate under new ids to run it again); test_verifier_text_key.py turns it on."""
   base = dict(listen="127.0.0.1:0", cache_dir=cache_dir, compile_workers=2, queue_capacity=64,
-              run_timeout_s=60.0, compile_timeout_s=600.0, timing_trials=5)
+              run_timeout_s=60.0, compile_timeout_s=600.0, timing_trials=5, program_cache_size=0)
   base.update(overrides)
   return config_lib.ServerConfig(**base)
 

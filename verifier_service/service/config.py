@@ -99,6 +99,9 @@ class ServerConfig:
   # contexts once that job's timing is over; a finished job's processes exit after its verdict is
   # sent (run/pair.py). False: fork per job, reap before the verdict.
   standby_processes: bool = True
+  # Verdicts kept by program (service/text_key.py: the same problem, options and candidate but
+  # for comments and layout); 0: only exact resends of a request id are answered from a cache.
+  program_cache_size: int = 10_000
 
   def __post_init__(self) -> None:
     if self.policy not in POLICIES:

@@ -36,6 +36,10 @@ class Metrics:
         "dice_verifier_memory_retries", "Runs retried alone on their GPU because the candidate's "
         "process ran out of memory on a problem large for one slot's share.",
         registry=self.registry)
+    self.program_cache_hits = prom.Counter(
+        "dice_verifier_program_cache_hits", "Requests answered with the verdict of the same "
+        "program (comments and layout aside) for the same problem, given or in flight.",
+        registry=self.registry)
     self.queue_depth = prom.Gauge("dice_verifier_queue_depth", "Requests waiting or running.",
                                   registry=self.registry)
     self.running = prom.Gauge("dice_verifier_running", "Jobs on GPU workers now.",

@@ -15,8 +15,11 @@ server answers RESOURCE_EXHAUSTED, so memory never grows with load. Requests are
 request id: a resent id joins the run in flight or gets the cached verdict (INFRA_ERROR verdicts
 are not cached, so a retry really retries). Verdicts are also kept on disk (verdict_store.py), so a
 resend after a server restart gets the same verdict, not a second one; a cached verdict is only
-returned for a request with the same content. The scheduler itself never executes candidate
-code.
+returned for a request with the same content. A request whose candidate is the same program as
+one already verified for the same problem and options (text_key.py: comments and layout aside)
+is answered with that verdict under its own id (`attempts` 0: this server did not run it), and
+one that arrives while that program is in flight joins the run. The scheduler itself never
+executes candidate code.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ from verifier_service.compile import toolchain as toolchain_lib
 from verifier_service.service import config as config_lib
 from verifier_service.service import metrics as metrics_lib
 from verifier_service.service import pool as pool_lib
+from verifier_service.service import text_key
 from verifier_service.service import verdict_store
 from verifier_service.trusted import verdict as verdict_lib
 
@@ -91,6 +95,10 @@ class Scheduler:
     self.verdicts_total = 0
     self.verdict_cache_hits = 0
     self.verdict_cache_misses = 0
+    # Verdicts by program (text_key.candidate_key), and the runs in flight by the same key.
+    self._programs: collections.OrderedDict[str, bytes] = collections.OrderedDict()
+    self._by_program: singleflight.SingleFlight[pb.Verdict] = singleflight.SingleFlight()
+    self.program_cache_hits = 0
     self._warm_up: asyncio.Task | None = None
 
   @classmethod
@@ -153,7 +161,8 @@ class Scheduler:
 
   async def verify(self, request: pb.VerifyRequest) -> pb.Verdict:
     """One verdict for `request`; raises QueueFull when the server is at capacity."""
-    hit = self.cached(request.request_id, verdict_store.request_digest(request))
+    digest = verdict_store.request_digest(request)
+    hit = self.cached(request.request_id, digest)
     if hit is not None:
       self.verdict_cache_hits += 1
       return hit
@@ -165,9 +174,41 @@ class Scheduler:
       self.verdict_cache_misses += 1
     self.metrics.queue_depth.set(len(self._inflight) + 1)
     try:
-      return await self._inflight.run(request.request_id, lambda: self._pipeline(request))
+      return await self._inflight.run(request.request_id,
+                                      lambda: self._same_program(request, digest))
     finally:
       self.metrics.queue_depth.set(len(self._inflight))
+
+  async def _same_program(self, request: pb.VerifyRequest, digest: str) -> pb.Verdict:
+    """The verdict of the program `request` holds: given before, joined in flight, or run now."""
+    start = time.monotonic()
+    key = text_key.candidate_key(
+        request.reference_source, request.candidate_source,
+        request.options.SerializeToString(deterministic=True)) if (
+            self.config.program_cache_size > 0) else None
+    if key is None:
+      return await self._pipeline(request)
+    blob = self._programs.get(key)
+    if blob is None:
+      verdict = await self._by_program.run(key, lambda: self._pipeline(request))
+      if verdict.outcome != pb.INFRA_ERROR:
+        self._programs[key] = verdict.SerializeToString()
+        while len(self._programs) > self.config.program_cache_size:
+          self._programs.popitem(last=False)
+      if verdict.request_id == request.request_id:
+        return verdict
+    else:
+      self._programs.move_to_end(key)
+      verdict = pb.Verdict.FromString(blob)
+    self.program_cache_hits += 1
+    self.metrics.program_cache_hits.inc()
+    answer = pb.Verdict()
+    answer.CopyFrom(verdict)
+    answer.request_id, answer.attempts = request.request_id, 0
+    del answer.stage_timings[:]  # nothing ran for this request
+    answer.total_s = time.monotonic() - start
+    self._remember(answer, digest)
+    return answer
 
   def _remember(self, verdict: pb.Verdict, digest: str) -> None:
     if verdict.outcome == pb.INFRA_ERROR:
@@ -319,8 +360,8 @@ class Scheduler:
                       arch=gpu.arch, slots=slots.get(f"gpu{gpu.index}", 0))
     stats = self.compiler.stats()
     info.compile_cache.CopyFrom(pb.CacheStats(**stats))
-    info.verdict_cache.CopyFrom(pb.CacheStats(entries=len(self._verdicts),
-                                              hits=self.verdict_cache_hits,
-                                              misses=self.verdict_cache_misses))
+    info.verdict_cache.CopyFrom(pb.CacheStats(
+        entries=len(self._verdicts), hits=self.verdict_cache_hits + self.program_cache_hits,
+        misses=self.verdict_cache_misses - self.program_cache_hits))
     return info
 

@@ -1,0 +1,202 @@
+"""The program cache's key (service/text_key.py): layout and comments aside, nothing else; checked
+against the C preprocessor itself; and a real server answering a reformatted candidate with the
+verdict already given, without compiling or running it."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import re
+import shutil
+import subprocess
+
+import pytest
+
+from dice.verifier.v1 import verifier_pb2 as pb
+from dice_jax.data import problems as problems_lib
+
+from verifier_service.service import text_key
+
+import verifier_harness
+import verifier_kernels as kernels
+
+_CANDIDATE = '''
+import torch
+import torch.nn as nn
+from torch.utils.cpp_extension import load_inline
+
+source = """{cuda}"""
+
+cpp_src = "torch::Tensor f(torch::Tensor x);"
+ext = load_inline(name="ext", cpp_sources=cpp_src, cuda_sources=source, functions=["f"])
+
+
+class ModelNew(nn.Module):
+    def forward(self, x):
+        return ext.f(x)
+'''
+_CUDA = """
+#define S(x) #x
+__global__ void k(const float* x, float* o, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) o[i] = x[i] * 2.0f;
+}
+torch::Tensor f(torch::Tensor x) {
+    auto o = torch::empty_like(x);
+    k<<<(x.numel() + 255) / 256, 256>>>(x.data_ptr<float>(), o.data_ptr<float>(), x.numel());
+    return o;
+}
+"""
+
+
+def key(cuda: str = _CUDA, python: str = _CANDIDATE, reference: str = "ref",
+        options: bytes = b"") -> str | None:
+  return text_key.candidate_key(reference, python.replace("{cuda}", cuda), options)
+
+
+@pytest.mark.parametrize("name, cuda", [
+    ("line comments", _CUDA.replace("* 2.0f;", "* 2.0f;  // twice").replace(
+        "#define S(x) #x", "#define S(x) #x  // a helper", 1)),
+    ("block comment", _CUDA.replace("* 2.0f", "/* twice */ * 2.0f")),
+    ("block comment over lines", _CUDA.replace("int i", "/* the\n index */ int i")),
+    ("indentation and spaces", _CUDA.replace("    ", "\t").replace(" = ", "   =   ")),
+    ("trailing spaces", _CUDA.replace(";\n", ";   \n")),
+])
+def test_comments_and_layout_do_not_change_the_key(name, cuda):
+  base = _CUDA.replace("int i", "/* one\n two */ int i") if "over lines" in name else _CUDA
+  assert key(cuda) == key(base), name
+
+
+@pytest.mark.parametrize("name, cuda", [
+    ("a constant", _CUDA.replace("2.0f", "3.0f")),
+    ("a string literal's spaces", _CUDA.replace("#define S(x) #x",
+                                                 '#define S(x) #x\nconst char* t = "a  b";')),
+    ("whitespace between tokens that stringification sees",
+     _CUDA.replace("#define S(x) #x", '#define S(x) #x\nconst char* t = S(a+b);')),
+    ("a removed line (__LINE__ moves)", _CUDA.replace("\n#define S(x) #x", "#define S(x) #x")),
+    ("a spliced line", _CUDA.replace("float* o,", "float* o\\\n  ,")),
+    ("a header name", '#include <a  b.h>\n' + _CUDA),
+])
+def test_every_change_of_program_changes_the_key(name, cuda):
+  base = {"a string literal's spaces": _CUDA.replace(
+      "#define S(x) #x", '#define S(x) #x\nconst char* t = "a b";'),
+          "whitespace between tokens that stringification sees": _CUDA.replace(
+              "#define S(x) #x", '#define S(x) #x\nconst char* t = S(a + b);'),
+          "a spliced line": _CUDA.replace("float* o,", "float* o\\\n,"),
+          "a header name": '#include <a b.h>\n' + _CUDA}.get(name, _CUDA)
+  assert key(cuda) != key(base), name
+
+
+def test_python_layout_counts_for_nothing_and_its_literals_for_everything():
+  relaid = _CANDIDATE.replace("class ModelNew", "# the candidate\n\nclass ModelNew").replace(
+      "        return", "        # one call\n        return")
+  assert key(python=relaid) == key()
+  assert key(python=_CANDIDATE.replace('name="ext"', 'name="ext2"')) != key()
+  assert key(python=_CANDIDATE.replace("return ext.f(x)", "return ext.f(x) * 1")) != key()
+  assert key(reference="other") != key() and key(options=b"\x08\x03") != key()
+  assert key(python="def broken(:\n") is None
+
+
+def test_a_source_read_elsewhere_is_compared_as_written():
+  """`source` also reaches Python code other than load_inline: its text may matter there."""
+  uses = _CANDIDATE.replace("cpp_src =", "SIZE = len(source)\ncpp_src =")
+  assert key(_CUDA.replace("if (i < n)", "if (i < n)  // bounds"), uses) != key(_CUDA, uses)
+  concatenated = _CANDIDATE.replace("cuda_sources=source", "cuda_sources=source + '\\n'")
+  assert key(_CUDA + "// end", concatenated) != key(_CUDA, concatenated)
+
+
+@pytest.mark.parametrize("text", [
+    "int x = 1'000'000; // separators",            # a digit separator: not a char literal
+    'const char* s = R"(a  /* b */ c)";  // raw',  # raw strings kept as they are
+    "#define M(a) \\\n  a /* spliced */ + 1\n",    # continued lines copied as written
+    "int a; /* open",                              # unterminated
+    "x = '??/';",                                  # a trigraph
+])
+def test_what_cannot_be_read_for_certain_is_kept(text):
+  reduced = text_key.normalise_c(text)
+  if "R\"" in text:  # a raw string is a literal: its spaces and comment marks stay
+    assert reduced == 'const char* s = R"(a  /* b */ c)"; '
+  else:
+    assert reduced == text
+
+
+def _tokens(text: str) -> list[str]:
+  """The preprocessor's output as tokens: literals whole, everything else split on spaces."""
+  out = subprocess.run(["cpp", "-P", "-x", "c++", "-std=c++17", "-"], input=text,
+                       capture_output=True, text=True, check=True).stdout
+  return re.findall(r'"(?:\\.|[^"\\])*"|\'(?:\\.|[^\'\\])*\'|\S+', out)
+
+
+_TRICKY = r'''
+#define S(x) #x
+#define CAT(a, b) a##b
+#define M(a, b) \
+    ((a) +   (b))   /* sum */
+const char* t0 = S(  a   +   b  );   // runs of spaces: one in the string
+const char* t1 = "keep  these   spaces // and this";
+int CAT(x,   y) = __LINE__;   /* a block
+   comment over lines */ int after = __LINE__;
+char c = '"'; char d = '\'';
+const char* r = R"raw(  kept /* as */ is  )raw";
+int   z   =   M(1,2);
+'''
+
+
+@pytest.mark.skipif(shutil.which("cpp") is None, reason="needs the C preprocessor (cpp)")
+def test_the_preprocessor_sees_the_same_program():
+  """Checked, not assumed: the reduced text and the original preprocess to the same tokens, on a
+  text made of the hard cases and on the CUDA of every synthetic problem."""
+  assert _tokens(text_key.normalise_c(_TRICKY)) == _tokens(_TRICKY)
+  for problem in problems_lib.load_problems("synthetic:all?split=all&limit=40"):
+    cuda = problem.middle.split('"""')[1]
+    relaid = "\n".join("  " + line + "   // note" if line.strip() and not line.rstrip().endswith(
+        "\\") else line for line in cuda.split("\n"))
+    assert _tokens(text_key.normalise_c(cuda)) == _tokens(cuda), problem.id
+    assert text_key.normalise_c(relaid) == text_key.normalise_c(cuda), problem.id
+
+
+def _request(request_id: str, candidate: str, **options) -> pb.VerifyRequest:
+  return pb.VerifyRequest(request_id=request_id, reference_source=kernels.REFERENCE,
+                          candidate_source=candidate, options=pb.VerifyOptions(**options))
+
+
+def _relaid(candidate: str) -> str:
+  """The same program: comments added in the CUDA source and in Python, lines re-indented."""
+  out = candidate.replace("class ModelNew", "# the candidate\n\nclass ModelNew", 1)
+  return out.replace("{\n", "{   /* x */\n").replace("\n  int ", "\n\t int ")
+
+
+@pytest.fixture(scope="module")
+def program_server(cache_dir, toolchain):
+  """Compile-only, with the program cache on (the other tests' servers have it off)."""
+  srv = verifier_harness.ServerThread(
+      verifier_harness.make_config(cache_dir, program_cache_size=100), toolchain)
+  yield srv
+  srv.stop()
+
+
+def test_a_server_answers_the_same_program_without_compiling_it_again(program_server):
+  """The second layout of a program gets the first's verdict under its own id, without a
+  compile; a change of program does not; two layouts sent at once run once."""
+  stub = program_server.stub()
+  scheduler = program_server.scheduler
+  candidate = kernels.cuda_candidate()
+  first = stub.Verify(_request("program-1", candidate), timeout=900)
+  assert first.outcome == pb.NO_GPU, first.message
+  builds = lambda: {k: v for k, v in scheduler.compiler.stats().items() if k in ("hits", "misses")}
+  compiles = builds()
+  hits = scheduler.program_cache_hits
+  relaid = stub.Verify(_request("program-2", _relaid(candidate)), timeout=60)
+  assert (relaid.request_id, relaid.outcome) == ("program-2", pb.NO_GPU)
+  assert not relaid.stage_timings  # nothing ran for it
+  assert relaid.compile.kernel_names == first.compile.kernel_names
+  assert scheduler.program_cache_hits == hits + 1 and builds() == compiles
+  assert stub.Verify(_request("program-2", _relaid(candidate)), timeout=60) == relaid  # resent
+  changed = stub.Verify(_request("program-3", candidate.replace(
+      "class ModelNew(nn.Module):", "class ModelNew(nn.Module):\n    '''other'''")), timeout=900)
+  assert changed.stage_timings and scheduler.program_cache_hits == hits + 1
+  with concurrent.futures.ThreadPoolExecutor(2) as pool:  # other options: nothing cached yet
+    both = list(pool.map(lambda rid: stub.Verify(_request(
+        rid, _relaid(candidate) if rid.endswith("b") else candidate, num_correctness_trials=3),
+        timeout=900), ["together-a", "together-b"]))
+  assert sorted(len(v.stage_timings) > 0 for v in both) == [False, True]
+  assert {v.outcome for v in both} == {pb.NO_GPU} and scheduler.program_cache_hits == hits + 2
