@@ -1,86 +1,82 @@
-"""Does bi-phase RL learn? Three arms from one SFT checkpoint, scored on held-out synthetic problems.
+"""Does bi-phase RL learn? SFT, a gate, two RL arms and no RL from one checkpoint, on held-out problems.
 
-1. Data (dice_jax.data.synthetic): the train split is cut by a hash of each problem id into an SFT
-   part (60%) and an RL part (40%, problems SFT never saw, so RL rewards vary); the held-out split
-   (ops and op combinations no training problem uses) is only ever evaluated.
-2. `dice sft` (configs/synthetic_sft.yaml): a small byte-level SDAR-layout model learns the SFT
-   part's known-good answers, phase 1 (infilling: the `source` string) and phase 2 (the whole file).
-3. Arms, from that checkpoint, with the same verifier budget (steps x prompts x group completions):
-   (a) no RL; (b) `dice train`, end to end only; (c) `dice train`, bi-phase: infilling then end to
-   end (configs/synthetic_rl.yaml; curriculum.phase1_steps 0 vs half the steps).
-4. `dice eval` of each arm on the held-out split, end to end (the model writes the whole file),
-   K samples per problem at temperature 1: execution accuracy, fast_1, pass@k. Also the known-good
-   answers themselves (row "known-good": checks the harness, and warms the compile cache).
-5. A table (stdout, results.md, results.json) with the targets: (c) - (a) >= 20 points of held-out
-   execution accuracy, and (c) > (b); `dice plot` curves of both RL runs.
+Stages (`--stage`, comma-separated, run in this order; each resumes what an earlier call left):
+  sft     Synthetic problems (dice_jax.data.synthetic: elementwise + activation + bias_act, seed 0):
+          ~850 `sft` problems (both phases: infilling and end to end), ~550 `rl` problems SFT never
+          sees, 128 `heldout` (new op chains and bias pairs whose ops and adjacent op pairs all occur
+          in the sft split) and 12 `unseen_op` (reported apart). `dice sft` of a ~24 M-parameter
+          SDAR-layout model, byte tokenizer, a few epochs (configs/synthetic_sft.yaml).
+  gate    Before any RL, on the first --gate-problems held-out problems, end to end: the known-good
+          answers (checks the harness, warms the compile cache), greedy with static decoding, and
+          8 samples at temperature 1. Passes when compile >= 90%, pass@1 (of the 8) in 10-35% and
+          pass@8 >= 50% (out/gate.json); if not, change --sft-epochs (with a new --out).
+  rl-b    (b) end-to-end RL from the SFT checkpoint; rl-c: (c) bi-phase, infilling for the first
+          20 steps then end to end (configs/synthetic_rl.yaml: Dr. GRPO, DICE's binary reward, KL
+          (k2) to the SFT model, dual clip, warm-up, dynamic sampling, KL guard). 60 steps of 16
+          prompts x 8 each; the policy is exported every 20 steps for the curve.
+  eval    On all held-out problems, for (a) no RL, (b) and (c): greedy static (execution accuracy,
+          fast_1) and 8 samples at temperature 1 (pass@8); greedy at steps 20 and 40 of (b) and (c);
+          the unseen-op problems greedy; the known-good answers.
+  report  Figures with paired bootstrap 95% intervals (rl_learning_results.py): out/results.json and
+          results.md, and --results (default benchmarks/results/rl_learning.json).
 
-One loopback verifier (started here, `dice-verifier serve`) serves every stage, so identical kernels
-compile once; while SFT runs it compiles the known-good answers of the RL and evaluation problems
-(their verdicts are not used; a policy that writes the known-good text then hits the cache). After
-SFT, arm (a)'s evaluation and both RL runs run at once on the one GPU (each JAX process takes a
-slice of its memory), since all three mostly wait for kernels to compile.
+Everything runs in this process (JAX imported once, a persistent compilation cache in out/), with
+one loopback verifier for the call. `--budget-s` seconds after start a stage stops at its next safe
+point (SFT and RL save a checkpoint; an evaluation keeps every verdict it has) and the script exits
+3: run the same command again (same --out) to continue. Exit 0 when the asked stages are done, 1
+when one failed, 2 for bad arguments or an --out holding other sizes.
 
-Resumable under a time budget: `--budget-s` seconds after start every running stage is stopped
-(SIGTERM: SFT and RL save a checkpoint, `dice eval` keeps what it generated and verified), and the
-script exits 3; run the same command again (same --work) and it continues. Exit 0 when the table is
-written, 1 when a stage failed (its log is printed).
+    python benchmarks/rl_learning.py --stage sft,gate --out runs/learn --wheels .whl     # one H200 call
+    python benchmarks/rl_learning.py --stage rl-c --out runs/learn --rl-steps 20         # a short arm
+    python benchmarks/rl_learning.py --stage rl-b,rl-c,eval,report --out runs/learn      # ~10 verdicts/s
+    python benchmarks/rl_learning.py --smoke --stage all --out /tmp/learn-smoke          # CPU, tiny
 
-    python benchmarks/rl_learning.py --work runs/learn --budget-s 470 --wheels .whl   # one H200
-    python benchmarks/rl_learning.py --work /tmp/learn-smoke --smoke                  # CPU, every stage, tiny
-    python benchmarks/rl_learning.py --work runs/learn2 --budget-s 470 --wheels .whl \
-      --rl-set optimizer.lr=2e-5 --rl-set algo.kl_reference=reference   # the next try (BENCHMARKS.md)
-
-Cost on one H200 with 16 cores (an estimate until measured): SFT ~2-3 min (1,000 steps of ~14
-TFLOP); then the RL arms, ~20-30 s a step each, bound by compiling kernels (~8 CPU-s per new
-kernel, ~12 compilers), with arm (a)'s evaluation alongside; then the other two evaluations, ~1.5
-min. About 9-11 minutes in all, so a second call (within the machine's 30 s warm window, which
-keeps WORK and the compile cache) may be needed. The --smoke run takes ~2.5 minutes on the 2-core
-CPU VM and proves only that every stage runs: a model that small writes no code.
+Cost: see BENCHMARKS.md "Learning" for what was measured. Verdicts per stage: gate 9 x gate-problems
+plus gate-problems known-good (24: 240); an RL arm 60 x 128 = 7,680, up to twice that with
+dynamic sampling's refills; eval 128 x (3 x 9 + 4 + 1) plus 36 unseen-op = 4,132. The --smoke run
+(a 1-layer model, 2-step arms, a compile-only verifier) proves only that every stage runs.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import hashlib
 import json
+import math
 import os
 import pathlib
-import signal
 import subprocess
 import sys
-import tarfile
+import threading
 import time
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 CONFIGS = REPO / "configs"
-ARMS = {"sft": "(a) no RL", "rl_e2e": "(b) end-to-end RL", "rl_biphase": "(c) bi-phase RL"}
-EXIT_OK, EXIT_FAILED, EXIT_BUDGET = 0, 1, 3
-_STOP_GRACE_S = 90.0  # SIGTERM -> checkpoint written -> exit
+STAGES = ("sft", "gate", "rl-b", "rl-c", "eval", "report")
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_BUDGET = 0, 1, 2, 3
+GATE = {"compile_min": 90.0, "pass_at_1": (10.0, 35.0), "pass_at_8_min": 50.0}
+RL_SIZES = {"rl_steps", "curve_every", "phase1_steps", "rl_overrides"}  # free to change until an arm starts
 
 
 @dataclasses.dataclass(frozen=True)
 class Sizes:
-  """Everything that sets the experiment's cost. `gpu()` is the H200 run; `smoke()` the CPU check."""
-
-  train_spec: str = "synthetic:all?split=train"
-  heldout_spec: str = "synthetic:all?split=heldout&limit=24"
-  rl_share: int = 40  # percent of the train split kept out of SFT, for RL
+  """Everything that sets the experiment's cost; pinned in out/sizes.json across calls."""
+  families: str = "elementwise+activation+bias_act"
+  seed: int = 0
+  limit: int | None = None  # problems per split (None: all); the smoke run's few
+  sft_epochs: float = 8.0
   sft_overrides: tuple[str, ...] = ()
-  rl_steps: int = 8
+  gate_problems: int = 24
+  samples: int = 8  # pass@k's k at temperature 1
+  known_good: bool = True  # verify the known-good answers too (a harness check; compiles every answer)
+  gen_length: int = 960  # the longest end-to-end answer, fenced, is ~955 bytes
+  eval_batch: int = 128
+  rl_steps: int = 60
+  curve_every: int = 20
+  phase1_steps: int = 20  # arm (c)'s infilling steps
   rl_overrides: tuple[str, ...] = ()
-  eval_samples: int = 4
-  eval_max_new_tokens: int = 1344
-  eval_batch_size: int = 96
   slots_per_gpu: int = 6
   compile_workers: int = 12
-  # GPU memory share (XLA_PYTHON_CLIENT_MEM_FRACTION) of the SFT, each RL and each eval process: at most
-  # 2 RL + 1 eval run at once (0.62), the rest is the verifier's workers'.
-  jax_memory: tuple[float, float, float] = (0.5, 0.25, 0.12)
-
-  @staticmethod
-  def gpu() -> Sizes:
-    return Sizes()
 
   @staticmethod
   def smoke() -> Sizes:
@@ -88,56 +84,100 @@ class Sizes:
             'num_hidden_layers: 1, num_attention_heads: 2, num_key_value_heads: 1, head_dim: 16, block_size: 4, '
             'mask_token_id: 259, eos_token_id: 258, pad_token_id: 256, rope_theta: 10000.0, '
             'max_position_embeddings: 4096}')
-    return Sizes(train_spec="synthetic:elementwise+activation?split=train&limit=8",
-                 heldout_spec="synthetic:elementwise+activation?split=heldout&limit=2", rl_share=50,
-                 sft_overrides=(tiny, "model.dtype=float32", "data.max_length=1280", "data.batch_size=4",
-                                "train.steps=6", "optimizer.warmup_steps=1", "checkpoint.every_steps=3",
-                                "logging.every_steps=2"),
-                 rl_steps=2, rl_overrides=("model.dtype=float32", "rollout.prompts_per_step=2",
-                                           "rollout.group_size=2", "rollout.gen_length=64",
-                                           "train.grad_accum_steps=1"),
-                 eval_samples=2, eval_max_new_tokens=64, eval_batch_size=4, slots_per_gpu=1, compile_workers=2)
+    return Sizes(limit=3, sft_epochs=1.0, gate_problems=2, known_good=False, samples=2, gen_length=32, eval_batch=4, rl_steps=2,
+                 curve_every=1, phase1_steps=1, slots_per_gpu=1, compile_workers=2,
+                 sft_overrides=(tiny, "model.dtype=float32", "data.batch_size=2", "train.grad_accum_steps=1",
+                                "logging.every_steps=1"),
+                 rl_overrides=("model.dtype=float32", "rollout.prompts_per_step=2", "rollout.group_size=2",
+                               "train.num_minibatches=1", "train.grad_accum_steps=1", "logging.samples_per_phase=1"))
+
+  def spec(self, split: str, limit: int | None = None) -> str:
+    limit = limit or self.limit
+    return f"synthetic:{self.families}?split={split}&seed={self.seed}" + (f"&limit={limit}" if limit else "")
+
+  def curve_steps(self) -> list[int]:
+    return sorted({min(s, self.rl_steps) for s in range(self.curve_every, self.rl_steps + self.curve_every,
+                                                         self.curve_every)})
 
 
-# ----------------------------------------------------------------------------------------- data
+class Call:
+  """This call's output folder, deadline, state file and (once asked for) loopback verifier."""
+
+  def __init__(self, out: pathlib.Path, sizes: Sizes, deadline: float, args: argparse.Namespace):
+    self.out, self.sizes, self.deadline, self.args = out, sizes, deadline, args
+    self.state_path = out / "state.json"
+    self.state = json.loads(self.state_path.read_text()) if self.state_path.exists() else {}
+    self._verifier, self._verifier_error = None, None
+    self._started = threading.Event()
+
+  def expired(self) -> bool:
+    return time.monotonic() > self.deadline
+
+  def note(self, stage: str, **values) -> None:
+    self.state.setdefault(stage, {}).update(values)
+    self.state_path.write_text(json.dumps(self.state, indent=1))
+
+  def start_verifier(self) -> None:
+    """Starts the loopback verifier in a thread (torch's import overlaps SFT's start)."""
+    def run():
+      from dice_jax.verifier.local import LocalVerifier
+      cache = self.args.verifier_cache.expanduser().resolve() if self.args.verifier_cache else None
+      local = LocalVerifier(cache_dir=cache, compile_workers=self.sizes.compile_workers,
+                            log_path=self.out / "logs" / "verifier.log",
+                            extra_args=("--slots-per-gpu", str(self.sizes.slots_per_gpu), "--queue-capacity", "4096"))
+      try:
+        local.start()
+        self._verifier = local
+      except Exception as e:  # pylint: disable=broad-except  (reported where the verifier is needed)
+        self._verifier_error = e
+      self._started.set()
+    threading.Thread(target=run, name="verifier-start", daemon=True).start()
+
+  @property
+  def verifier(self) -> str:
+    self._started.wait()
+    if self._verifier is None:
+      raise RuntimeError(f"the loopback verifier did not start: {self._verifier_error}")
+    return self._verifier.target
+
+  def close(self) -> None:
+    if self._started.is_set() and self._verifier is not None:
+      self._verifier.stop()
 
 
-def _rl_part(problem_id: str, share: int) -> bool:
-  return int.from_bytes(hashlib.sha256(f"rl:{problem_id}".encode()).digest()[:8], "big") % 100 < share
+def _log(message: str) -> None:
+  print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
 
 
-def prepare(work: pathlib.Path, sizes: Sizes) -> dict[str, int]:
-  """Writes data/sft.json, data/rl_problems.json and the compact prompt templates (idempotent)."""
+# ------------------------------------------------------------------------------------------ data
+
+
+def prepare(call: Call) -> dict[str, int]:
+  """out/data: sft.json (prompt/response, both phases), rl_problems.json (DICE records). Idempotent."""
   from dice_jax.data import prompts, synthetic
   from dice_jax.data.problems import load_problems
   from dice_jax.rl.data import COMPACT_END_TO_END, COMPACT_INFILLING
 
-  data = work / "data"
+  sizes, data = call.sizes, call.out / "data"
   data.mkdir(parents=True, exist_ok=True)
-  train = load_problems(sizes.train_spec)
-  sft = [p for p in train if not _rl_part(p.id, sizes.rl_share)]
-  rl = [p for p in train if _rl_part(p.id, sizes.rl_share)]
-  if not sft or not rl:
-    raise SystemExit(f"{sizes.train_spec}: {len(sft)} SFT and {len(rl)} RL problems; both parts need some")
-  # Small families are repeated so each is a fair share of the SFT data (element-wise has the most).
-  families = {}
+  sft = load_problems(sizes.spec("sft"))
+  families: dict[str, list] = {}
   for p in sft:
     families.setdefault(p.id.split("_")[1], []).append(p)
-  most = max(len(v) for v in families.values())
+  largest = max(len(v) for v in families.values())
   rows = []
-  for members in families.values():
-    repeat = max(1, round(most / len(members) / 2))
-    for p in members * repeat:
-      for phase, template, answer in ((1, COMPACT_INFILLING, p.middle), (2, COMPACT_END_TO_END, p.known_good)):
-        user = prompts.build_messages(p, phase, infilling=template, end_to_end=template)[-1]["content"]
-        rows.append({"prompt": user, "response": f"```python\n{answer}\n```"})
+  for members in families.values():  # small families repeated (at most 4x) so they are not lost
+    for p in members * min(4, max(1, round(largest / (4 * len(members))))):
+      for phase, answer in ((1, p.middle), (2, p.known_good)):
+        user = prompts.build_messages(p, phase, infilling=COMPACT_INFILLING, end_to_end=COMPACT_END_TO_END)[-1]
+        rows.append({"prompt": user["content"], "response": f"```python\n{answer}\n```"})
   _write_json(data / "sft.json", rows)
-  records = {r["id"]: r for r in synthetic.records(sizes.train_spec)}
-  _write_json(data / "rl_problems.json", [records[p.id] for p in rl])
-  for name, template in (("infilling", COMPACT_INFILLING), ("end_to_end", COMPACT_END_TO_END)):
-    _write_json(data / f"{name}_template.json", {"system": template.system, "user": template.user})
-  return {"sft_problems": len(sft), "sft_examples": len(rows), "rl_problems": len(rl),
-          "heldout_problems": len(load_problems(sizes.heldout_spec))}
+  _write_json(data / "rl_problems.json", synthetic.records(sizes.spec("rl")))
+  counts = {"sft_problems": len(sft), "sft_examples": len(rows), "rl_problems": len(load_problems(sizes.spec("rl"))),
+            "heldout_problems": len(load_problems(sizes.spec("heldout"))),
+            "unseen_op_problems": len(load_problems(sizes.spec("unseen_op")))}
+  call.note("data", **counts)
+  return counts
 
 
 def _write_json(path: pathlib.Path, value) -> None:
@@ -146,376 +186,332 @@ def _write_json(path: pathlib.Path, value) -> None:
     path.write_text(text, encoding="utf-8")
 
 
-# --------------------------------------------------------------------------------------- stages
+# ---------------------------------------------------------------------------------------- stages
 
 
-@dataclasses.dataclass
-class Stage:
-  name: str
-  argv: list[str]
-  after: tuple[str, ...] = ()
-  jax_memory: float | None = None  # XLA_PYTHON_CLIENT_MEM_FRACTION; None: no JAX in this process
-  optional: bool = False  # a cache warm-up: stopped (not resumed) once SFT is done
-  retry_codes: tuple[int, ...] = ()  # exit codes that mean "run me again" (dice eval: 4, INFRA_ERROR left)
+def stage_sft(call: Call) -> bool:
+  from dice_jax.config import load_config
+  from dice_jax.train.sft_loop import SFTConfig, run_sft
+
+  run_dir = call.out / "sft"
+  if (run_dir / "hf" / "config.json").exists():
+    return True
+  cfg = load_config(SFTConfig, str(CONFIGS / "synthetic_sft.yaml"), [
+      f"run_dir={run_dir}", f"data.train_files=[{call.out / 'data' / 'sft.json'}]", *call.sizes.sft_overrides])
+  steps = math.ceil(call.sizes.sft_epochs * call.state["data"]["sft_examples"] / cfg.data.batch_size)
+  cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, steps=steps))
+  t0 = time.monotonic()
+  result = run_sft(cfg, should_stop=call.expired)
+  seconds = time.monotonic() - t0
+  done = result.step - result.start_step
+  call.note("sft", status=result.status, step=result.step, steps=steps, batch=cfg.data.batch_size,
+            seconds=round(call.state.get("sft", {}).get("seconds", 0) + seconds, 1),
+            steps_per_s_this_call=round(done / seconds, 3) if seconds else None, loss=result.metrics.get("loss"))
+  _log(f"sft: {result.status} at step {result.step}/{steps} ({done} steps in {seconds:.0f} s, compile included)")
+  return result.status == "done"
 
 
-def _dice(*args: str) -> list[str]:
-  return [sys.executable, "-m", "dice_jax.cli.main", *map(str, args)]
+def evaluate(call: Call, name: str, model: pathlib.Path | None, problems: list, *, samples: int, greedy: bool,
+             timing: bool, connection) -> bool:
+  """One evaluation into out/eval/<name> (the `dice eval` layout), resumable: generates what is
+  missing, verifies 16 problems at a time while time is left, then summarises. False: stopped."""
+  from dice.verifier.v1 import verifier_pb2 as pb
+  from dice_jax.eval import generations as gen_lib
+  from dice_jax.eval import model_samples, pipeline
+  from dice_jax.rl.data import COMPACT_END_TO_END, COMPACT_INFILLING
+  from dice_jax.sampler.config import SamplerConfig
+  from dice_jax.verifier.options import verify_options
 
-
-def stages(work: pathlib.Path, sizes: Sizes, verifier: str) -> list[Stage]:
-  data = work / "data"
-  templates = ["--template-infilling", data / "infilling_template.json",
-               "--template-end-to-end", data / "end_to_end_template.json"]
-  sft = Stage("sft", _dice("sft", "--config", CONFIGS / "synthetic_sft.yaml", f"run_dir={work / 'sft'}",
-                           f"data.train_files=[{data / 'sft.json'}]", *sizes.sft_overrides),
-              jax_memory=sizes.jax_memory[0])
-  out = [sft,
-         Stage("eval_known_good", _dice("eval", "--reference-generations", "--problems", sizes.heldout_spec,
-                                        "--mode", "end-to-end", "--verifier", verifier, "--name", "known-good",
-                                        "--out", work / "eval" / "known_good", "--no-plots"), retry_codes=(4,)),
-         Stage("warm_rl_answers", _dice("eval", "--reference-generations", "--problems", data / "rl_problems.json",
-                                        "--mode", "infilling", "--skip-timing", "--verifier", verifier,
-                                        "--out", work / "eval" / "warm_rl", "--no-plots"), optional=True)]
-  rl_common = [f"model.path={work / 'sft' / 'hf'}", "model.init=null", "model.tokenizer=null",
-               f"data.phase1_files=[{data / 'rl_problems.json'}]", f"data.phase2_files=[{data / 'rl_problems.json'}]",
-               f"verifier.targets=[{verifier}]", f"train.steps={sizes.rl_steps}", *sizes.rl_overrides]
-  for arm, phase1 in (("rl_e2e", 0), ("rl_biphase", sizes.rl_steps // 2)):
-    out.append(Stage(arm, _dice("train", "--config", CONFIGS / "synthetic_rl.yaml", f"run_dir={work / arm}",
-                                f"curriculum.phase1_steps={phase1}", *rl_common),
-                     after=("sft",), jax_memory=sizes.jax_memory[1]))
-  for arm in ARMS:
-    model = work / arm / "hf"
-    out.append(Stage(f"eval_{arm}", _dice(
-        "eval", "--model", model, "--problems", sizes.heldout_spec, "--mode", "end-to-end",
-        "--samples", sizes.eval_samples, "--temperature", "1.0", "--max-new-tokens", sizes.eval_max_new_tokens,
-        "--batch-size", sizes.eval_batch_size, *templates, "--verifier", verifier, "--name", ARMS[arm],
-        "--out", work / "eval" / arm), after=(arm,), jax_memory=sizes.jax_memory[2], retry_codes=(4,)))
-  return out
-
-
-class Runner:
-  """Starts each stage once its dependencies are done; all ready stages run at once."""
-
-  def __init__(self, work: pathlib.Path, stage_list: list[Stage], deadline: float):
-    self.work, self.deadline = work, deadline
-    self.stages = {s.name: s for s in stage_list}
-    self.state_path = work / "state.json"
-    self.state = json.loads(self.state_path.read_text()) if self.state_path.exists() else {}
-    self.running: dict[str, tuple[subprocess.Popen, float]] = {}
-    (work / "logs").mkdir(exist_ok=True)
-
-  def _save(self) -> None:
-    self.state_path.write_text(json.dumps(self.state, indent=1))
-
-  def _done(self, name: str) -> bool:
-    return self.state.get(name, {}).get("status") in ("done", "skipped")
-
-  def _failed(self, name: str) -> bool:
-    status = self.state.get(name, {}).get("status", "")
-    return status.startswith("exit") and not status.endswith("retrying")
-
-  def _start(self, stage: Stage) -> None:
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    if stage.jax_memory is not None:  # several JAX processes and the verifier's workers share one GPU
-      env["XLA_PYTHON_CLIENT_MEM_FRACTION"] = f"{stage.jax_memory:.2f}"
-    log = open(self.work / "logs" / f"{stage.name}.log", "ab")  # pylint: disable=consider-using-with
-    log.write(f"\n==== {time.strftime('%H:%M:%S')} {' '.join(map(str, stage.argv))}\n".encode())
-    log.flush()
-    proc = subprocess.Popen(stage.argv, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO,
-                            start_new_session=True)
-    log.close()
-    self.running[stage.name] = (proc, time.monotonic())
-    print(f"[{_clock()}] start {stage.name}", flush=True)
-
-  def _finish(self, name: str, code: int, stopped: bool = False) -> None:
-    _, started = self.running.pop(name)
-    entry = self.state.setdefault(name, {"seconds": 0.0})
-    entry["seconds"] = round(entry.get("seconds", 0.0) + time.monotonic() - started, 1)
-    stage = self.stages[name]
-    if stopped and code != 0:
-      entry["status"] = "skipped" if stage.optional else f"stopped (exit {code}): resumes next call"
-    elif code == 0:
-      entry["status"] = "done"
-    elif code in stage.retry_codes and entry.get("retries", 0) < 2:
-      entry["retries"] = entry.get("retries", 0) + 1
-      entry["status"] = f"exit {code}: retrying"
-    elif stage.optional:
-      entry["status"] = "skipped"
-    else:
-      entry["status"] = f"exit {code}"
-    self._save()
-    print(f"[{_clock()}] {name}: {entry['status']} ({entry['seconds']:.0f} s in all)", flush=True)
-
-  def _stop(self, names: list[str]) -> None:
-    for name in names:
-      os.killpg(self.running[name][0].pid, signal.SIGTERM)
-    end = time.monotonic() + _STOP_GRACE_S
-    for name in names:
-      proc = self.running[name][0]
-      try:
-        proc.wait(timeout=max(1.0, end - time.monotonic()))
-      except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-      self._finish(name, proc.returncode, stopped=True)
-
-  def run(self) -> int:
-    """EXIT_OK when every required stage is done, EXIT_BUDGET when time ran out, else EXIT_FAILED."""
-    while True:
-      for name, (proc, _) in list(self.running.items()):
-        if proc.poll() is not None:
-          self._finish(name, proc.returncode)
-          if self._failed(name):
-            print(_tail(self.work / "logs" / f"{name}.log"), file=sys.stderr)
-            self._stop(list(self.running))
-            return EXIT_FAILED
-      if self._done("sft"):  # warm-ups only pay while SFT holds the GPU and leaves the compilers idle
-        optional = [n for n in self.running if self.stages[n].optional]
-        if optional:
-          self._stop(optional)
-      if all(self._done(n) or self.stages[n].optional and self._done("sft") for n in self.stages):
-        return EXIT_OK
-      if time.monotonic() > self.deadline:
-        print(f"[{_clock()}] time budget reached: stopping {', '.join(self.running) or 'nothing'}; "
-              "run the same command again to continue", flush=True)
-        self._stop(list(self.running))
-        return EXIT_BUDGET
-      for stage in self.stages.values():
-        if (stage.name not in self.running and not self._done(stage.name)
-            and all(self._done(d) for d in stage.after)
-            and not (stage.optional and self._done("sft"))):
-          self._start(stage)
-      time.sleep(2.0)
-
-
-def _clock() -> str:
-  return time.strftime("%H:%M:%S")
-
-
-def _tail(path: pathlib.Path, lines: int = 40) -> str:
-  text = path.read_text(errors="replace").splitlines() if path.exists() else []
-  return f"---- last lines of {path}:\n" + "\n".join(text[-lines:])
-
-
-# -------------------------------------------------------------------------------------- results
-
-
-def _family_rates(eval_dir: pathlib.Path, key: str, groups: dict[str, str]) -> dict[str, float | None]:
-  """Per-group mean of a per-problem rate (`groups`: problem id -> group name)."""
-  sums: dict[str, list[float]] = {}
-  for path in sorted((eval_dir / "problems").glob("*.json")):
-    record = json.loads(path.read_text(encoding="utf-8"))
-    value = record["metrics"].get(key)
-    if value is not None and record["id"] in groups:
-      sums.setdefault(groups[record["id"]], []).append(value)
-  return {g: sum(v) / len(v) for g, v in sorted(sums.items())}
-
-
-_RL_KEYS = ("step", "curriculum/phase2_share", "format", "compile", "correct", "reward", "outcomes/OK",
-            "outcomes/INCORRECT", "outcomes/COMPILE_ERROR", "outcomes/FORMAT", "adv/zero_var_frac", "kl", "entropy",
-            "timing/step_s", "wait_frac")
-
-
-def _rl_summary(run_dir: pathlib.Path) -> dict[str, object]:
-  path = run_dir / "metrics.jsonl"
-  if not path.exists():
-    return {}
-  records = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-  rows = [{k: r.get(k) for k in _RL_KEYS} for r in records]
-  return {"steps": rows}
-
-
-def results(work: pathlib.Path, sizes: Sizes, counts: dict[str, int]) -> dict[str, object]:
-  """The comparison table as a dict (written to results.json)."""
-  from dice_jax.data import synthetic
-
-  groups = {r["id"]: f"{r['id'].split('_')[1]}/{r['novelty']}" for r in synthetic.records(sizes.heldout_spec)}
-  rows = {}
-  for name, label in (("known_good", "known-good answers"), *ARMS.items()):
-    folder = work / "eval" / name
-    summary = json.loads((folder / "summary.json").read_text(encoding="utf-8"))
-    overall = summary["overall"]
-    available = overall["correctness_available"]
-    rows[name] = {"label": label, "problems": overall["problems"], "samples": overall["samples"],
-                  "compile_rate": overall["compile_rate"], "correct_rate": overall["correct_rate"],
-                  "fast_1": overall["fast_1"], "pass_at_k": overall["pass_at_k"], "outcomes": overall["outcomes"],
-                  "correctness_available": available, "by_group": _family_rates(folder, "correct_rate", groups)}
-  a, b, c = (rows[arm]["correct_rate"] for arm in ARMS)
-  targets = None
-  if rows["known_good"]["correctness_available"] and None not in (a, b, c):
-    targets = {"gain_c_over_a_points": round(100 * (c - a), 1), "gain_b_over_a_points": round(100 * (b - a), 1),
-               "c_gains_20_points": c - a >= 0.20, "c_beats_b": c > b}
-  completions = sizes.rl_steps * _rl_rows(work)
-  return {"sizes": dataclasses.asdict(sizes), "data": counts, "rl_completions_per_arm": completions,
-          "rows": rows, "targets": targets,
-          "rl": {arm: _rl_summary(work / arm) for arm in ("rl_e2e", "rl_biphase")},
-          "stage_seconds": {k: v.get("seconds") for k, v in json.loads((work / "state.json").read_text()).items()}}
-
-
-def _rl_rows(work: pathlib.Path) -> int:
-  import yaml
-
-  config = yaml.safe_load((work / "rl_e2e" / "config.yaml").read_text(encoding="utf-8"))
-  return config["rollout"]["prompts_per_step"] * config["rollout"]["group_size"]
-
-
-def _pct(value) -> str:
-  return "n/a" if value is None else f"{100 * value:.1f}%"
-
-
-def markdown(res: dict[str, object]) -> str:
-  rows = res["rows"]
-  ks = sorted({k for r in rows.values() for k in (r["pass_at_k"] or {})}, key=int)
-  groups = sorted({g for r in rows.values() for g in r["by_group"]})
-  head = ["arm", "compiled", "correct (exec. acc.)", "fast_1", *(f"pass@{k}" for k in ks), *groups]
-  lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-  for r in rows.values():
-    cells = [r["label"], _pct(r["compile_rate"]), _pct(r["correct_rate"]), _pct(r["fast_1"]),
-             *(_pct((r["pass_at_k"] or {}).get(k)) for k in ks), *(_pct(r["by_group"].get(g)) for g in groups)]
-    lines.append("| " + " | ".join(cells) + " |")
-  first = next(iter(rows.values()))
-  lines.append("")
-  lines.append(f"{first['problems']} held-out problems, {rows['sft']['samples'] // max(first['problems'], 1)} "
-               f"samples each at temperature 1; group columns are execution accuracy by family/why held out. "
-               f"RL: {res['rl_completions_per_arm']} verified completions per arm.")
-  lines += ["", "RL training, per step (rates over that step's completions; phase 2 share 0 = infilling):", "",
-            "| arm | step | phase 2 share | format | compile | correct | reward | # OK | # INCORRECT | "
-            "# COMPILE_ERROR | # no code | zero-variance groups | KL | entropy | step s | waiting on verdicts |",
-            "|" + "---|" * 16]
-  for arm, run in res["rl"].items():
-    for r in run.get("steps", []):
-      cells = [ARMS[arm], str(r["step"]), *(("-" if not isinstance(r.get(k), (int, float)) else
-                                             f"{r[k]:.0f}" if k.startswith("outcomes/") else f"{r[k]:.2f}")
-                                            for k in _RL_KEYS[1:])]
-      lines.append("| " + " | ".join(cells) + " |")
-  lines += ["", "Stage wall times, s (summed over calls; stages after SFT overlap): " + ", ".join(
-      f"{k} {v:.0f}" for k, v in res["stage_seconds"].items() if v is not None), ""]
-  t = res["targets"]
-  if t is None:
-    lines.append("Targets: not decidable: the verifier has no GPU, so nothing was checked for correctness "
-                 "(an arm's 0% means none of its samples even reached the compiler).")
+  folder = call.out / "eval" / name
+  gens_dir = folder / "generations"
+  if model is None:
+    gen_lib.write_reference_generations(gens_dir, problems)
   else:
-    lines.append(f"Targets: (c) - (a) = {t['gain_c_over_a_points']:+.1f} points (>= +20: "
-                 f"{'met' if t['c_gains_20_points'] else 'NOT met'}); (b) - (a) = {t['gain_b_over_a_points']:+.1f}; "
-                 f"(c) beats (b): {'met' if t['c_beats_b'] else 'NOT met'}.")
-  return "\n".join(lines) + "\n"
+    decode = SamplerConfig(gen_length=call.sizes.gen_length, mode="static", top_k=1 if greedy else 0)
+    source = model_samples.ModelSource(model_dir=str(model), samples=samples, decode=decode, seed=call.sizes.seed,
+                                       batch_size=call.sizes.eval_batch, infilling_template=COMPACT_INFILLING,
+                                       end_to_end_template=COMPACT_END_TO_END)
+    source.generate_missing(gens_dir, problems, gen_lib.END_TO_END)
+  gens = gen_lib.read_generations(gens_dir, problems)
+  options = verify_options(precision="fp32", skip_timing=not timing)
+  info = {"name": name, "model": str(model) if model else "known-good", "samples": samples, "greedy": greedy}
+  t0, sent = time.monotonic(), 0
+  for start in range(0, len(problems), 16):
+    if call.expired():
+      return False
+    part = problems[start:start + 16]
+    sent += pipeline.run_eval(folder, part, {p.id: gens[p.id] for p in part}, connection, mode=gen_lib.END_TO_END,
+                              options=options, run_info=info, make_plots=False).sent
+  seconds = time.monotonic() - t0
+  outcome = pipeline.run_eval(folder, problems, gens, connection, mode=gen_lib.END_TO_END, options=options,
+                              run_info=info, make_plots=False)
+  overall = outcome.summary["overall"]
+  runs = call.state.get("eval_runs", {})
+  previous = runs.get(name, {})
+  call.note("eval_runs", **{name: {
+      "problems": overall["problems"], "samples": overall["samples"], "correct_rate": overall["correct_rate"],
+      "compile_rate": overall["compile_rate"], "outcomes": overall["outcomes"], "infra_left": outcome.infra,
+      "verified": previous.get("verified", 0) + sent, "verify_s": round(previous.get("verify_s", 0) + seconds, 1)}})
+  _log(f"eval {name}: correct {overall['correct_rate']}, compiled {overall['compile_rate']} "
+       f"({overall['samples']} samples; {sent} distinct candidates verified in {seconds:.0f} s; "
+       f"{pb.Outcome.Name(pb.INFRA_ERROR)} left: {outcome.infra})")
+  return outcome.infra == 0
 
 
-def plots(work: pathlib.Path) -> list[str]:
-  made = []
-  for arm in ("rl_e2e", "rl_biphase"):
-    out = work / "plots" / arm
-    proc = subprocess.run(_dice("plot", work / arm, "--out", out), capture_output=True, text=True, cwd=REPO,
-                          check=False)
-    if proc.returncode != 0:
-      print(f"dice plot {arm}: {proc.stderr.strip()}", file=sys.stderr)
-    made += proc.stdout.split()
-  return made
+def _connection(call: Call):
+  from dice_jax.verifier import connect as connect_lib
+  from dice_jax.verifier.defaults import EVALUATION
+  connection = connect_lib.connect(call.verifier, use=EVALUATION)
+  call.note("verifier", has_gpu=connection.has_gpu, describe=connection.describe())
+  return connection
 
 
-def export(work: pathlib.Path, path: pathlib.Path) -> None:
-  """One archive of what a reader needs (results, logs, metrics, eval summaries, plots)."""
-  with tarfile.open(path, "w:gz") as tar:
-    for pattern in ("results.*", "state.json", "logs/*.log", "*/metrics.jsonl", "*/config.yaml", "eval/*/summary.*",
-                    "eval/*/problems/*.json", "plots/*/*.png", "data/*.json", "*/samples/*.jsonl"):
-      for file in sorted(work.glob(pattern)):
-        tar.add(file, arcname=str(file.relative_to(work)))
+def stage_gate(call: Call) -> bool:
+  import rl_learning_results as results
+  from dice_jax.data.problems import load_problems
+
+  problems = load_problems(call.sizes.spec("heldout", call.sizes.gate_problems))
+  ids, model = [p.id for p in problems], call.out / "sft" / "hf"
+  runs = {"sft_greedy": dict(model=model, samples=1, greedy=True, timing=False),
+          "sft_sampled": dict(model=model, samples=call.sizes.samples, greedy=False, timing=False)}
+  if call.sizes.known_good:
+    runs = {"known_good": dict(model=None, samples=1, greedy=True, timing=False), **runs}
+  connection = _connection(call)
+  try:
+    for name, kw in runs.items():
+      if not evaluate(call, f"gate/{name}", problems=problems, connection=connection, **kw):
+        return False
+    has_gpu = connection.has_gpu
+  finally:
+    connection.close()
+  scores = {name: results.read_problems(call.out / "eval" / "gate" / name, ids) for name in runs}
+  gate = {"problems": len(ids), "verdicts": len(ids) * (len(runs) - 1 + call.sizes.samples)}
+  if not has_gpu or any(v is None for v in scores.values()):
+    gate.update(decided=False, why="no correctness verdicts (a verifier without a GPU)")
+  else:
+    s = scores["sft_sampled"]
+    gate.update(compile=round(100 * s["compiled"].mean(), 1), pass_at_1=round(100 * s["pass_at_1"].mean(), 1),
+                pass_at_8=round(100 * s["pass_at_k"].mean(), 1),
+                greedy_exec=round(100 * scores["sft_greedy"]["correct"].mean(), 1))
+    if "known_good" in scores:
+      gate["known_good"] = round(100 * scores["known_good"]["correct"].mean(), 1)
+    lo, hi = GATE["pass_at_1"]
+    gate["passed"] = bool(gate["compile"] >= GATE["compile_min"] and lo <= gate["pass_at_1"] <= hi
+                          and gate["pass_at_8"] >= GATE["pass_at_8_min"])
+    gate["decided"] = True
+  (call.out / "gate.json").write_text(json.dumps(gate, indent=1))
+  call.note("gate", **gate)
+  _log(f"gate: {gate}")
+  return True
 
 
-# ----------------------------------------------------------------------------------------- main
+def stage_rl(call: Call, arm: str) -> bool:
+  """One RL arm in segments of curve_every steps; each segment's end exports hf_step<N>."""
+  from dice_jax.config import load_config
+  from dice_jax.rl.config import RLConfig
+  from dice_jax.rl.loop import run_rl
+
+  run_dir, sizes = call.out / f"rl_{arm}", call.sizes
+  rl_file = call.out / "data" / "rl_problems.json"
+  for end in sizes.curve_steps():
+    if (run_dir / f"hf_step{end}").exists():
+      continue
+    cfg = load_config(RLConfig, str(CONFIGS / "synthetic_rl.yaml"), [
+        f"run_dir={run_dir}", f"model.path={call.out / 'sft' / 'hf'}", f"data.phase1_files=[{rl_file}]",
+        f"data.phase2_files=[{rl_file}]", f"verifier.targets=[{call.verifier}]", f"train.steps={end}",
+        f"curriculum.phase1_steps={sizes.phase1_steps if arm == 'c' else 0}",
+        f"checkpoint.every_steps={sizes.curve_every}", f"rollout.gen_length={sizes.gen_length}",
+        *sizes.rl_overrides])
+    t0 = time.monotonic()
+    result = run_rl(cfg, should_stop=call.expired)
+    seconds = time.monotonic() - t0
+    entry = call.state.get(f"rl_{arm}", {})
+    call.note(f"rl_{arm}", status=result.status, step=result.step, verifier=result.verifier,
+              seconds=round(entry.get("seconds", 0) + seconds, 1))
+    _log(f"rl-{arm}: {result.status} at step {result.step}/{end} ({seconds:.0f} s)")
+    if result.status != "done":
+      return False
+    os.replace(run_dir / "hf", run_dir / f"hf_step{end}")
+  return True
 
 
-def install_wheels(folder: pathlib.Path, target: pathlib.Path) -> str:
-  """pip-installs every wheel of `folder` into `target` (offline, dependencies not resolved)."""
+def _eval_jobs(call: Call) -> list[tuple[str, pathlib.Path | None, str, dict]]:
+  sizes, out = call.sizes, call.out
+  final = sizes.curve_steps()[-1]
+  models = {"a": out / "sft" / "hf", "b": out / "rl_b" / f"hf_step{final}", "c": out / "rl_c" / f"hf_step{final}"}
+  greedy = dict(samples=1, greedy=True, timing=True)
+  jobs = [("known_good", None, "heldout", dict(samples=1, greedy=True, timing=False))] if sizes.known_good else []
+  jobs += [(f"{arm}_greedy", m, "heldout", greedy) for arm, m in models.items()]
+  jobs += [(f"{arm}_step{s}_greedy", out / f"rl_{arm}" / f"hf_step{s}", "heldout", greedy)
+           for arm in ("b", "c") for s in sizes.curve_steps()[:-1]]
+  jobs += [(f"{arm}_sampled", m, "heldout", dict(samples=sizes.samples, greedy=False, timing=False))
+           for arm, m in models.items()]
+  jobs += [(f"{arm}_unseen_greedy", m, "unseen_op", greedy) for arm, m in models.items()]
+  return jobs
+
+
+def stage_eval(call: Call) -> bool:
+  from dice_jax.data.problems import load_problems
+
+  problems = {split: load_problems(call.sizes.spec(split)) for split in ("heldout", "unseen_op")}
+  missing = [str(m) for _, m, _, _ in _eval_jobs(call) if m is not None and not (m / "config.json").exists()]
+  if missing:
+    raise RuntimeError(f"eval needs the finished arms; missing: {', '.join(missing)} (run sft, rl-b, rl-c first)")
+  connection = _connection(call)
+  try:
+    for name, model, split, kw in _eval_jobs(call):
+      if not evaluate(call, name, model, problems[split], connection=connection, **kw):
+        return False
+  finally:
+    connection.close()
+  return True
+
+
+def stage_report(call: Call) -> bool:
+  import rl_learning_results as results
+  from dice_jax.data.problems import load_problems
+
+  ids = {split: [p.id for p in load_problems(call.sizes.spec(split))] for split in ("heldout", "unseen_op")}
+  fig = results.figures(call.out, ids["heldout"], ids["unseen_op"], call.sizes.curve_steps(),
+                        correctness=call.state.get("verifier", {}).get("has_gpu", False))
+  extra = {"gate": call.state.get("gate"), "data": call.state.get("data"), "sizes": dataclasses.asdict(call.sizes),
+           "stages": {k: v for k, v in call.state.items() if k.startswith(("sft", "rl_"))}}
+  res = results.results_json(fig, extra)
+  text = json.dumps(res, indent=1)
+  (call.out / "results.json").write_text(text)
+  table = results.markdown(res)
+  (call.out / "results.md").write_text(table)
+  target = call.args.results or (REPO / "benchmarks" / "results" / "rl_learning.json")
+  target.parent.mkdir(parents=True, exist_ok=True)
+  target.write_text(text + "\n")
+  print(table, flush=True)
+  _log(f"results: {call.out / 'results.json'} and {target}")
+  return True
+
+
+# ------------------------------------------------------------------------------------------ main
+
+
+def install_wheels(folder: pathlib.Path, target: pathlib.Path) -> None:
+  """pip-installs every wheel of `folder` into `target` (offline, no dependencies) and imports from there."""
   wheels = sorted(folder.expanduser().glob("*.whl"))
   if not wheels:
     raise SystemExit(f"--wheels {folder}: no .whl files there")
   subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
                   "--no-cache-dir", "--upgrade", "--target", str(target), *map(str, wheels)], check=True)
-  print(f"[{_clock()}] installed {', '.join(w.name.split('-')[0] for w in wheels)} into {target}", flush=True)
-  return str(target)
+  sys.path.insert(0, str(target))
+  os.environ["PYTHONPATH"] = os.pathsep.join([str(target), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
 
 
-def with_flags(sizes: Sizes, args: argparse.Namespace) -> Sizes:
-  changes = {}
-  if args.sft_steps:
-    changes["sft_overrides"] = (*sizes.sft_overrides, f"train.steps={args.sft_steps}")
-  if args.prompts_per_step:
-    changes["rl_overrides"] = (*sizes.rl_overrides, f"rollout.prompts_per_step={args.prompts_per_step}")
-  if args.rl_steps:
-    changes["rl_steps"] = args.rl_steps
-  if args.rl_set:
-    changes["rl_overrides"] = (*changes.get("rl_overrides", sizes.rl_overrides), *args.rl_set)
-  if args.eval_problems:
-    changes["heldout_spec"] = sizes.heldout_spec.split("&limit=")[0] + f"&limit={args.eval_problems}"
-  if args.eval_samples:
-    changes["eval_samples"] = args.eval_samples
-  return dataclasses.replace(sizes, **changes)
-
-
-def main() -> int:
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                    formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
-  parser.add_argument("--work", required=True, type=pathlib.Path, help="work directory (resumed when it exists)")
-  parser.add_argument("--budget-s", type=float, default=560.0,
-                      help="stop every stage this many seconds after start and exit 3 (default %(default)s)")
-  parser.add_argument("--smoke", action="store_true", help="tiny CPU run of every stage (compile-only verifier)")
-  parser.add_argument("--verifier-cache", type=pathlib.Path,
-                      help="compile cache of the loopback verifier (default: the verifier's, $DICE_VERIFIER_CACHE or "
-                           "~/.cache/dice-verifier, which tests/data/test_data_synthetic_verify.py fills too)")
-  parser.add_argument("--export", type=pathlib.Path, help="also write a .tar.gz of results, logs and plots here")
-  parser.add_argument("--wheels", type=pathlib.Path,
-                      help="a folder of wheels to install first (pip --target WORK/site, no index, no deps), for "
-                           "a machine that lacks packages, e.g. the GPU image's missing grain")
-  size = parser.add_argument_group("sizes (default: the configs' values; keep them the same across resumed calls)")
-  size.add_argument("--sft-steps", type=int)
-  size.add_argument("--rl-steps", type=int, help="per RL arm; arm (c) spends half on infilling (default 8)")
-  size.add_argument("--prompts-per-step", type=int, help="RL prompts per step (group size stays 4)")
-  size.add_argument("--eval-problems", type=int, help="held-out problems evaluated (default 24)")
-  size.add_argument("--eval-samples", type=int, help="samples per problem at temperature 1 (default 4)")
+  parser.add_argument("--stage", required=True, help=f"comma-separated: {', '.join(STAGES)}, or all")
+  parser.add_argument("--out", required=True, type=pathlib.Path, help="work folder (resumed when it exists)")
+  parser.add_argument("--budget-s", type=float, default=530.0,
+                      help="stop at the next safe point this many seconds after start, exit 3 (default %(default)s)")
+  parser.add_argument("--smoke", action="store_true", help="tiny sizes: a CPU check that every stage runs")
+  parser.add_argument("--results", type=pathlib.Path, help="where report writes the JSON table "
+                      "(default benchmarks/results/rl_learning.json)")
+  parser.add_argument("--verifier-cache", type=pathlib.Path, help="the loopback verifier's compile cache")
+  parser.add_argument("--wheels", type=pathlib.Path, help="wheels to pip-install into OUT/site first (grain on "
+                      "the GPU image)")
+  parser.add_argument("--export", type=pathlib.Path, help="also write a .tar.gz of results, state, logs, metrics")
+  size = parser.add_argument_group("sizes (keep them the same across the calls of one --out)")
+  size.add_argument("--sft-epochs", type=float)
+  size.add_argument("--gate-problems", type=int)
+  size.add_argument("--rl-steps", type=int, help="per arm (default 60); the curve has a point every 20")
+  size.add_argument("--seed", type=int, help="the synthetic data's seed (default 0)")
+  size.add_argument("--sft-set", action="append", default=[], metavar="KEY=VALUE", help="a `dice sft` override")
   size.add_argument("--rl-set", action="append", default=[], metavar="KEY=VALUE",
-                    help="a `dice train` override for both RL arms, e.g. optimizer.lr=2e-5 or "
-                         "algo.kl_reference=reference (repeatable)")
-  args = parser.parse_args()
-  start = time.monotonic()
-  sizes = with_flags(Sizes.smoke() if args.smoke else Sizes.gpu(), args)
-  work = args.work.expanduser().resolve()
-  work.mkdir(parents=True, exist_ok=True)
-  pinned = work / "sizes.json"
-  if pinned.exists() and json.loads(pinned.read_text()) != json.loads(json.dumps(dataclasses.asdict(sizes))):
-    print(f"{work} holds a run with other sizes ({pinned}); use the same flags, or a new --work", file=sys.stderr)
-    return 2
-  pinned.write_text(json.dumps(dataclasses.asdict(sizes), indent=1))
-  paths = [str(REPO), str(REPO / "protos")]  # this checkout, installed or not (the device runs it in place)
-  if args.wheels:
-    paths.append(install_wheels(args.wheels, work / "site"))
-  os.environ["PYTHONPATH"] = os.pathsep.join(paths + [os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-  sys.path[:0] = paths
-  counts = prepare(work, sizes)
-  print(f"[{_clock()}] data: {counts}", flush=True)
-  from dice_jax.verifier.local import LocalVerifier
+                    help="a `dice train` override for both arms, e.g. optimizer.lr=1e-5 (repeatable)")
+  args = parser.parse_args(argv)
+  args.stages = STAGES if args.stage == "all" else tuple(s.strip() for s in args.stage.split(","))
+  unknown = [s for s in args.stages if s not in STAGES]
+  if unknown:
+    parser.error(f"unknown stage(s) {', '.join(unknown)}; choose from {', '.join(STAGES)} or all")
+  return args
 
-  cache = args.verifier_cache.expanduser().resolve() if args.verifier_cache else None
-  # RLIMIT_DATA of each job child: 32 GiB, what the GPU runs so far had (the default is RAM / 2 / slots).
-  extra = ("--slots-per-gpu", str(sizes.slots_per_gpu), "--queue-capacity", "2048",
-           "--sandbox-memory", str(32 << 30))
-  with LocalVerifier(cache_dir=cache, compile_workers=sizes.compile_workers, log_path=work / "logs" / "verifier.log",
-                     extra_args=extra) as verifier:
-    print(f"[{_clock()}] verifier {verifier.target} (cache {cache or 'the verifier default'})", flush=True)
-    code = Runner(work, stages(work, sizes, verifier.target), start + args.budget_s).run()
-  if code != EXIT_OK:
-    return code
-  res = results(work, sizes, counts)
-  res["plots"] = plots(work)
-  (work / "results.json").write_text(json.dumps(res, indent=1), encoding="utf-8")
-  table = markdown(res)
-  (work / "results.md").write_text(table, encoding="utf-8")
-  print(table)
-  if args.export:
-    export(work, args.export)
-  print(f"[{_clock()}] this call: {time.monotonic() - start:.0f} s; results in {work}/results.md", flush=True)
-  return EXIT_OK
+
+def sizes_for(args: argparse.Namespace) -> Sizes:
+  sizes = Sizes.smoke() if args.smoke else Sizes()
+  changes = {k: getattr(args, k) for k in ("sft_epochs", "gate_problems", "rl_steps", "seed")
+             if getattr(args, k) is not None}
+  return dataclasses.replace(sizes, sft_overrides=(*sizes.sft_overrides, *args.sft_set),
+                             rl_overrides=(*sizes.rl_overrides, *args.rl_set), **changes)
+
+
+def export(out: pathlib.Path, path: pathlib.Path) -> None:
+  import tarfile
+  with tarfile.open(path, "w:gz") as tar:
+    for pattern in ("results.*", "state.json", "sizes.json", "gate.json", "logs/*.log", "*/metrics.jsonl",
+                    "*/config.yaml", "eval/*/summary.*", "eval/*/*/summary.*", "rl_*/samples/*.jsonl"):
+      for file in sorted(out.glob(pattern)):
+        tar.add(file, arcname=str(file.relative_to(out)))
+
+
+def main(argv: list[str] | None = None) -> int:
+  args = parse(argv)
+  start = time.monotonic()
+  sizes = sizes_for(args)
+  out = args.out.expanduser().resolve()
+  (out / "logs").mkdir(parents=True, exist_ok=True)
+  pinned = out / "sizes.json"
+  mine = json.loads(json.dumps(dataclasses.asdict(sizes)))
+  if pinned.exists():
+    old = json.loads(pinned.read_text())
+    changed = {k for k in set(old) | set(mine) if old.get(k) != mine.get(k)}
+    state = json.loads((out / "state.json").read_text()) if (out / "state.json").exists() else {}
+    rl_started = any(k.startswith("rl_") for k in state)
+    if changed and (rl_started or not changed <= RL_SIZES):
+      print(f"{out} holds a run with other sizes ({', '.join(sorted(changed))}; {pinned}); use the same flags, "
+            "or a new --out (RL sizes may change until an arm has started)", file=sys.stderr)
+      return EXIT_USAGE
+  pinned.write_text(json.dumps(mine, indent=1))
+  if args.wheels:
+    install_wheels(args.wheels, out / "site")
+  # Several processes share the GPU: this one (SFT, RL, sampling) and the verifier's workers.
+  os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.5")
+  # This checkout, installed or not (the device runs it in place); the verifier child inherits it.
+  paths = [str(REPO), str(REPO / "protos")]
+  os.environ["PYTHONPATH"] = os.pathsep.join(paths + [os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+  sys.path[:0] = [*paths, str(REPO / "benchmarks")]
+  import jax
+  jax.config.update("jax_compilation_cache_dir", str(out / "xla_cache"))
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+  import logging
+  logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+  for noisy in ("absl", "jax._src"):
+    logging.getLogger(noisy).setLevel(logging.WARNING)
+  call = Call(out, sizes, start + args.budget_s, args)
+  if any(s != "sft" and s != "report" for s in args.stages):
+    call.start_verifier()
+  _log(f"data: {prepare(call)}")
+  runners = {"sft": stage_sft, "gate": stage_gate, "rl-b": lambda c: stage_rl(c, "b"),
+             "rl-c": lambda c: stage_rl(c, "c"), "eval": stage_eval, "report": stage_report}
+  code = EXIT_OK
+  try:
+    for stage in args.stages:
+      t0 = time.monotonic()
+      try:
+        finished = runners[stage](call)
+      except Exception as e:  # pylint: disable=broad-except  (one line for the caller, the trace in the log)
+        logging.exception("stage %s failed", stage)
+        _log(f"{stage}: FAILED: {e}")
+        code = EXIT_FAILED
+        break
+      call.note("calls", **{stage: round(call.state.get("calls", {}).get(stage, 0) + time.monotonic() - t0, 1)})
+      if not finished:
+        _log(f"{stage}: stopped at the time budget; run the same command again to continue")
+        code = EXIT_BUDGET
+        break
+      _log(f"{stage}: done")
+  finally:
+    call.close()
+    if args.export:
+      export(out, args.export)
+  _log(f"this call: {time.monotonic() - start:.0f} s")
+  return code
 
 
 if __name__ == "__main__":
