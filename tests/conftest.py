@@ -54,12 +54,12 @@ def shared_missing(root: pathlib.Path = SHARED) -> list[str]:
 
 
 def skip_reason(root: pathlib.Path, missing: list[str]) -> str:
-  """Why a test that reads ../shared cannot run, and how to get what it needs."""
+  """Why a test that reads ../shared cannot run, and how to get what it needs (one line: -ra prints it
+  for every such test)."""
   what = f"{root} is missing" if not root.is_dir() else f"{root} lacks {', '.join(missing)}"
-  return (f"{SHARED_MISSING} (DICE's RL data and SDAR-4B-Chat's config/tokenizer files): {what}. Put DICE's "
-          f"kernel_infilling_evaluation.json and end_to_end_kernel_generation_4000.json in {root}/data/dice/ and "
-          f"SDAR-4B-Chat's config, index and tokenizer files (https://huggingface.co/JetLM/SDAR-4B-Chat, no weights "
-          f"needed) in {root}/models/sdar-4b-chat/; README.md, 'Getting real data', says where each is published")
+  return (f"{SHARED_MISSING}: {what} (DICE's RL data files in data/dice/, SDAR-4B-Chat's config and tokenizer "
+          "files, no weights, in models/sdar-4b-chat/ from https://huggingface.co/JetLM/SDAR-4B-Chat; README.md, "
+          "'Getting real data')")
 
 
 @pytest.fixture(scope="session")

@@ -52,8 +52,7 @@ def test_without_shared_the_test_skips_saying_what_is_missing_and_is_recorded(tm
   done = _pytest(repo, skips)
   assert done.returncode == 0, done.stdout + done.stderr
   assert "1 skipped" in done.stdout and "error" not in done.stdout.lower()
-  assert f"{conftest.SHARED_MISSING} (DICE's RL data" in done.stdout
-  assert f"{tmp_path / 'shared'} is missing" in done.stdout
+  assert f"{conftest.SHARED_MISSING}: {tmp_path / 'shared'} is missing (DICE's RL data files" in done.stdout
   assert "huggingface.co/JetLM/SDAR-4B-Chat" in done.stdout and "Getting real data" in done.stdout
   assert skips.read_text().splitlines() == ["tests/test_reads_shared.py::test_reads_shared"]
 
