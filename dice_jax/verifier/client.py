@@ -2,7 +2,10 @@
 
 `AsyncVerifierClient.verify(items)` returns one `Verdict` per item, in item order. Underneath:
 - One *lane* per (target, stream slot) keeps a `VerifyStream` open with at most
-  `max_in_flight_per_stream` requests outstanding; lanes pull from one shared queue, so load goes to
+  `max_in_flight_per_stream` requests outstanding. A request waits for a lane of its problem's
+  home target (routing.py: rendezvous hashing of the reference, so a problem's group stays on
+  the box that holds its caches); a lane with room whose own target has nothing waiting takes the
+  requests of a target whose lanes are full, or whose lanes are down, so load still goes to
   whichever server has room and a slow or dead server simply stops taking work.
 - A lane whose target is unreachable does not take work: it waits for the channel to become ready
   (bounded by `connect_timeout_s`) and backs off exponentially between tries.
@@ -36,6 +39,7 @@ import grpc
 
 from dice.verifier.v1 import verifier_pb2 as pb
 from dice_jax.verifier import channels
+from dice_jax.verifier import routing
 from dice_jax.verifier.channels import ClientConfig
 
 Verdict = pb.Verdict
@@ -91,6 +95,8 @@ class _Job:
   key: str
   request: pb.VerifyRequest
   future: asyncio.Future
+  problem: str  # routing.problem_key of the reference
+  home: str  # the target it waits for (routing.Router)
   attempts: int = 0
   errors: list[str] = dataclasses.field(default_factory=list)
   failed_on: set[str] = dataclasses.field(default_factory=set)  # targets it failed on
@@ -123,6 +129,7 @@ class _Lane:
       _log.warning("verifier lane %s: %s", self.name, self.last_error)
       self.failures += 1
       self.client._note_failure(self.last_error)
+      self.client._router.wake()  # its target may be down now: others take its problems
       await asyncio.sleep(cfg.backoff_s(self.failures))
 
   async def _stream(self) -> grpc.StatusCode | None:
@@ -132,6 +139,7 @@ class _Lane:
     reader = asyncio.create_task(self._read(call, slots))
     writer = asyncio.create_task(self._write(call, slots))
     self.connected = True
+    self.client._router.wake()
     code = details = None
     try:
       done, _ = await asyncio.wait({reader, writer}, return_when=asyncio.FIRST_COMPLETED)
@@ -142,6 +150,7 @@ class _Lane:
       pass
     finally:  # also on cancellation (client closing): nothing is left in flight
       self.connected = False
+      self.client._router.wake()
       for task in (writer, reader):
         task.cancel()
       call.cancel()
@@ -164,18 +173,19 @@ class _Lane:
       await slots.acquire()
       if (pause := self.paused_until - loop.time()) > 0:  # requests timed out here: let it recover
         await asyncio.sleep(pause)
-      job = await self.client._queue.get()
+      job = await self.client._router.take(self.target.address)
       if job.future.done():  # answered meanwhile (a re-send raced the first answer)
         slots.release()
         continue
       if self.client._better_lane_exists(job, self):  # failed here before: leave it to another target
-        self.client._queue.put_nowait(job)
+        self.client._router.put(job)
         slots.release()
         await asyncio.sleep(min(cfg.backoff_initial_s, 0.05))
         continue
       job.attempts += 1
       timer = loop.call_later(cfg.request_timeout_s, self._expire, job, slots)
       self.in_flight[job.request.request_id] = (job, timer)
+      self.client._router.wake()  # this lane may be full now: others may take its requests
       self.client.stats["sent"] += 1
       self.client.stats_by_target[self.target.address] += 1
       await call.write(job.request)
@@ -219,7 +229,8 @@ class AsyncVerifierClient:
     self.options = options or VerifyOptions()
     self.metadata = channels.auth_metadata(config, auth_token)
     self._targets = [channels.Target(address, config) for address in config.targets]
-    self._queue: asyncio.Queue[_Job] = asyncio.Queue()  # jobs waiting for a lane
+    self._router: routing.Router[_Job] = routing.Router(  # jobs waiting for a lane
+        [t.address for t in self._targets], self._target_live, self._target_full)
     self._pending: dict[str, _Job] = {}            # cache key -> job being verified
     self._by_id: dict[str, _Job] = {}              # request id -> job being verified
     self._cache: collections.OrderedDict[str, Verdict] = collections.OrderedDict()
@@ -272,8 +283,10 @@ class AsyncVerifierClient:
 
   def stats_snapshot(self) -> dict[str, int]:
     """Counters for logging: requests, cache_hits, deduplicated, sent, retries, infra_errors,
-    lane_failures, and sent/<target> per target."""
-    return dict(self.stats) | {f"sent/{t}": n for t, n in self.stats_by_target.items()}
+    lane_failures, spilled (taken by a target other than the problem's home because the home's
+    lanes were full), and sent/<target> per target."""
+    return dict(self.stats, spilled=self._router.spilled) | {
+        f"sent/{t}": n for t, n in self.stats_by_target.items()}
 
   async def info(self) -> dict[str, pb.ServerInfo | str]:
     """Each target's ServerInfo, or the error that kept us from getting it."""
@@ -328,7 +341,7 @@ class AsyncVerifierClient:
       return
     self.stats["retries"] += 1
     delay = self.config.backoff_s(job.attempts)
-    asyncio.get_running_loop().call_later(delay, self._queue.put_nowait, job)
+    asyncio.get_running_loop().call_later(delay, self._router.put, job)
 
   def _better_lane_exists(self, job: _Job, lane: _Lane) -> bool:
     """Whether `job` failed on `lane`'s target while a connected lane to another target has not."""
@@ -336,6 +349,19 @@ class AsyncVerifierClient:
       return False
     return any(other.connected and other.disabled is None and other.target.address not in job.failed_on
                for other in self._lanes)
+
+  def _target_live(self, address: str) -> bool:
+    """A target with a connected lane, or whose lanes have not failed yet (still connecting)."""
+    lanes = [lane for lane in self._lanes if lane.target.address == address]
+    return not lanes or any(lane.connected for lane in lanes) or all(
+        lane.failures == 0 and lane.disabled is None for lane in lanes)
+
+  def _target_full(self, address: str) -> bool:
+    """Every lane of the target connected, with its whole window in flight."""
+    lanes = [lane for lane in self._lanes if lane.target.address == address]
+    return bool(lanes) and all(
+        lane.connected and len(lane.in_flight) >= self.config.max_in_flight_per_stream
+        for lane in lanes)
 
   def _note_failure(self, reason: str) -> None:
     """A lane could not connect or its stream broke."""
@@ -357,10 +383,12 @@ class AsyncVerifierClient:
     request_id = f"{self._session}-{next(self._ids)}"
     request = pb.VerifyRequest(request_id=request_id, reference_source=item.reference_source,
                                candidate_source=item.candidate_source, options=options)
-    job = _Job(key=key, request=request, future=asyncio.get_running_loop().create_future())
+    problem = routing.problem_key(item.reference_source)
+    job = _Job(key=key, request=request, future=asyncio.get_running_loop().create_future(),
+               problem=problem, home=self._router.home(problem))
     self._pending[key] = job
     self._by_id[request_id] = job
-    self._queue.put_nowait(job)
+    self._router.put(job)
     return job
 
   def _finish(self, job: _Job, verdict: Verdict) -> None:

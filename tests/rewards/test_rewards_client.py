@@ -226,3 +226,71 @@ def test_tls_with_a_self_signed_certificate(tmp_path):
   secure, plaintext = run(main())
   assert [v.outcome for v in secure] == [pb.OK] * 2
   assert plaintext[0].outcome == pb.INFRA_ERROR  # a plaintext client cannot talk to a TLS server
+
+
+def _problems(n):
+  return [f"class Model: pass\ndef get_inputs(): return [{p}]\ndef get_init_inputs(): return []\n"
+          for p in range(n)]
+
+
+def _group_items(references, samples, tag="g"):
+  return [VerifyItem(ref, f"class ModelNew: pass  # {tag}{p}-{s}")
+          for p, ref in enumerate(references) for s in range(samples)]
+
+
+def _served_by(fakes, verdicts, batch):
+  """problem (reference) -> the set of servers that answered its requests."""
+  out = {}
+  for item, verdict in zip(batch, verdicts):
+    out.setdefault(item.reference_source, set()).add(verdict.message)
+  return out
+
+
+def test_a_problems_group_goes_to_its_home_target_and_problems_spread():
+  """Every request of one problem reaches the same server (rendezvous hashing of its reference:
+  the box that holds its caches), the same one for every client; different problems use both."""
+  fakes = [FakeVerifier("a"), FakeVerifier("b")]
+  references = _problems(12)
+  batch = _group_items(references, 4)
+
+  async def body(client):
+    first = await client.verify(batch)
+    other = AsyncVerifierClient(client.config)  # another trainer host
+    try:
+      return first, await other.verify(_group_items(references, 2, tag="h"))
+    finally:
+      await other.close()
+
+  first, second = run(with_servers(fakes, body))
+  homes = _served_by(fakes, first, batch)
+  assert all(len(servers) == 1 for servers in homes.values()), homes
+  assert {s for servers in homes.values() for s in servers} == {"a", "b"}
+  assert _served_by(fakes, second, _group_items(references, 2, tag="h")) == homes
+
+
+def test_a_full_home_spills_to_the_target_with_room():
+  """One problem's 24 requests, its home answering slowly with room for 2 at a time: the other
+  target's lane, idle, takes what waits (counted as spilled), and every request is answered."""
+  fakes = [FakeVerifier("a", delay_s=0.2), FakeVerifier("b", delay_s=0.2)]
+  batch = _group_items(_problems(1), 24)
+
+  async def body(client):
+    return await client.verify(batch), client.stats_snapshot()
+
+  verdicts, stats = run(with_servers(fakes, body, max_in_flight_per_stream=2))
+  assert [v.outcome for v in verdicts] == [pb.OK] * 24
+  assert {v.message for v in verdicts} == {"a", "b"} and stats["spilled"] > 0
+
+
+def test_a_problem_whose_home_is_down_is_verified_elsewhere_at_once():
+  dead = f"127.0.0.1:{free_port()}"
+  fake = FakeVerifier("alive")
+  references = _problems(8)  # some of them have the dead address as their home
+  start = time.monotonic()
+
+  async def body(client):
+    return await client.verify(_group_items(references, 3))
+
+  verdicts = run(with_servers([dead, fake], body))
+  assert [v.outcome for v in verdicts] == [pb.OK] * 24 and {v.message for v in verdicts} == {"alive"}
+  assert time.monotonic() - start < 5
