@@ -85,7 +85,8 @@ class ModelNew(nn.Module):
         return ext.scaled_add(a, b, self.scale)
 '''
 _PARTS = ("slot", "total", "fork", "judge_start", "judge_run", "exit", "cleanup", "standby_wait",
-          "timing_lock_wait", "timing_setup", "timing_warmup", "timing_calls", "timing_verify",
+          "timing_lock_wait", "timing_setup", "timing_warmup", "timing_calls", "timing_keep",
+          "timing_verify",
           "profile")
 
 

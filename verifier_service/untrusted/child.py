@@ -207,6 +207,8 @@ class CandidateSide:
     self.base = self.buf = None
     self.early: list[Any] = []
     self.outs: list[Any] = []
+    self.kept_early: list[Any] = []  # the outputs of the calls the judge drew (`keep`)
+    self.kept_outs: list[Any] = []
     self.loading = self.dispatch_checked = False
 
   # ------------------------------------------------------------------ checks
@@ -386,9 +388,17 @@ class CandidateSide:
                            _oom(e)) from e
     return {"us": times}
 
+  def on_keep(self, header: dict[str, Any]) -> dict[str, Any]:
+    """Keeps the drawn calls of the last batch (by index in it), for `output` after timing."""
+    for index in header["calls"]:
+      self.kept_early.append(self.early[int(index)])
+      self.kept_outs.append(self.outs[int(index)])
+    return {}
+
   def on_output(self, header: dict[str, Any]) -> tuple[dict[str, Any], list[Any]]:
-    """Outputs of calls of the last batch, as snapshotted when the timer stopped or as now."""
-    kept = self.early if header.get("when") != "late" else self.outs
+    """Outputs of the kept calls (by index among them), as snapshotted when the timer stopped or
+    as they are now."""
+    kept = self.kept_early if header.get("when") != "late" else self.kept_outs
     leaves, buffers = [], []
     for index in header["calls"]:
       out_leaves, out_buffers = wire.encode(kept[int(index)])
@@ -406,7 +416,7 @@ def serve(side: CandidateSide) -> bool:
   handlers = {"meta": side.on_meta, "load": side.on_load, "trial": side.on_trial,
               "repeat": side.on_repeat, "aftermath": side.on_aftermath,
               "profile": side.on_profile, "warmup": side.on_warmup, "time": side.on_time,
-              "output": side.on_output, "finish": side.on_finish}
+              "output": side.on_output, "keep": side.on_keep, "finish": side.on_finish}
   while True:
     try:
       header, _ = side.chan.recv()
