@@ -194,6 +194,23 @@ def build_parser() -> argparse.ArgumentParser:
                      help="drain and exit when standard input reaches end of file: a parent that "
                           "holds the other end of a pipe ties the server's life to its own (the "
                           "loopback verifier of `dice train/eval/generate --verifier local` does)")
+  defaults = config_lib.ServerConfig()
+  serve.add_argument("--run-budget-floor", type=float, default=defaults.run_budget_floor_s,
+                     help="seconds every stretch of a job's run stage may take at least; the rest "
+                          "of its budget is scaled to the reference's measured time, then to the "
+                          "candidate's own pace, never past --run-timeout (default %(default)s)")
+  serve.add_argument("--run-budget-slowdown", type=float, default=defaults.run_budget_slowdown,
+                     help="a candidate call may take this many times the reference's before its "
+                          "own pace is known; 0: no scaled budget, --run-timeout alone "
+                          "(default %(default)s)")
+  serve.add_argument("--no-standby", action="store_true",
+                     help="fork each job's processes when the job comes and wait for their exits "
+                          "before its verdict (default: the next job's are forked and set up while "
+                          "a job runs, and exits come after the verdict)")
+  serve.add_argument("--program-cache-size", type=int, default=defaults.program_cache_size,
+                     help="verdicts kept by program, so the same candidate for the same problem, "
+                          "comments and layout aside, is answered without running again "
+                          "(0: off; default %(default)s)")
   _add_common(serve)
   _add_logging(serve)
 
@@ -436,7 +453,11 @@ def main(argv: list[str] | None = None) -> int:
                      auth_token=token, metrics_port=args.metrics_port, tls_cert=args.tls_cert,
                      tls_key=args.tls_key, tls_client_ca=args.tls_client_ca, policy=args.policy,
                      strict_min_fraction=args.strict_min_fraction,
-                     warm_front_ends=not args.no_warm_front_ends)
+                     warm_front_ends=not args.no_warm_front_ends,
+                     run_budget_floor_s=args.run_budget_floor,
+                     run_budget_slowdown=args.run_budget_slowdown,
+                     standby_processes=not args.no_standby,
+                     program_cache_size=args.program_cache_size)
     try:
       asyncio.run(server.serve(config, insecure=args.insecure, stop_on_stdin_eof=args.stop_on_stdin_eof))
     except (ValueError, server.BindError, confine_lib.ConfinementError) as e:
