@@ -215,8 +215,8 @@ def _print_step(index: int, step: dict) -> None:
       f"{k} {v}" for k, v in sorted(step["outcomes_by_kind"].items())), flush=True)
 
 
-def summarise(steps: list[dict], startup_s: float, args: argparse.Namespace,
-              hardware: str) -> dict:
+def summarise(steps: list[dict], startup_s: float, args: argparse.Namespace, hardware: str,
+              quiet: bool = False) -> dict:
   warm = steps[1:]
   warm_wall = sum(s["wall_s"] for s in warm)
   total = lambda key: sum(s[key] for s in steps)
@@ -235,6 +235,8 @@ def summarise(steps: list[dict], startup_s: float, args: argparse.Namespace,
       "outcomes": dict(sum((collections.Counter(s["outcomes"]) for s in steps),
                            collections.Counter())),
       "settings": {k: v for k, v in vars(args).items() if k != "json"}, "steps": steps}
+  if quiet:
+    return report
   met = lambda ok: "met" if ok else "NOT met"
   print(f"\n== {len(steps)} steps of {args.problems_per_step} x {args.samples} (phase "
         f"{args.phase}, {report['mode']}) on {hardware} ==")
@@ -314,15 +316,20 @@ def main(argv: list[str] | None = None) -> None:
                                   dry=args.dry)
       steps.append(run_step(conn, served, samples, args.phase, options_lib.verify_options()))
       _print_step(index, steps[-1])
+      _write(args.json, summarise(steps, startup, args, hardware, quiet=True))  # if cut short
   finally:
     conn.close()
     served.stop()
-  report = summarise(steps, startup, args, hardware)
+  _write(args.json, summarise(steps, startup, args, hardware))
   if args.json:
-    path = pathlib.Path(args.json)
+    print(f"wrote {args.json}")
+
+
+def _write(where: str, report: dict) -> None:
+  if where:
+    path = pathlib.Path(where)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(report, indent=1, default=str))
-    print(f"wrote {path}")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# Issue 26 (rewards at RL speed) and issue 25 item 4 (the scaled run budget) on one H200 box
+# (16 cores), in device calls of ~9 minutes each. Logs go to $OUT (the device tool's output
+# folder; /tmp/gpu_rl_speed elsewhere) with every JSON; a summary is printed last.
+#
+#   bash benchmarks/gpu_rl_speed.sh DICE_JSON           # ~9 min: install; the run stage's new GPU
+#       tests (tests/verifier/test_verifier_gpu_rl_speed.py); verifier_rl_burst.py (16 problems x
+#       8 samples a step, phase 1, cold cache, no step started after 90 s of steps: 2-3 steps);
+#       verifier_throughput.py --candidates 70 (cold cache, 4 one at a time, no naive path)
+#   bash benchmarks/gpu_rl_speed.sh DICE_JSON suites    # ~9 min: the GPU hostile suite
+#       (tests/adversarial/test_adversarial_gpu.py), tests/verifier/test_verifier_gpu.py (DICE's
+#       99 included), and verifier_run_stage.py (64 jobs of one kernel at 4 slots: pairs set up
+#       ahead vs forked per job, two rounds each)
+#
+# The DICE file does not travel with ../shared: copy ../shared/data/dice/ into .carry/dice
+# (git-ignored) and carry `.carry`. Stage limits can be changed with TESTS_S, BURST_S,
+# THROUGHPUT_S (first part) and ADVERSARIAL_S, DICE_S, RUN_STAGE_S (second part).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/gpu_rl_speed}
+mkdir -p "$OUT"
+DATA=${1:?usage: gpu_rl_speed.sh DICE_JSON [suites]}
+PART=${2:-main}
+export PYTHONUNBUFFERED=1 PYTHONPATH=.
+DEADLINE_S=${DEADLINE_S:-570}
+STAGE_DIR=$OUT
+source benchmarks/stage.sh
+
+nvidia-smi --query-gpu=name,memory.total --format=csv >"$OUT/gpu.txt" 2>&1
+git log --oneline -1 >"$OUT/commit.txt" 2>&1
+stage install 90 python3 -m pip install -q --no-deps --no-build-isolation -e .
+case "$PART" in
+  main)
+    stage tests "${TESTS_S:-150}" python3 -m pytest -q -m gpu -p no:cacheprovider -rs \
+      tests/verifier/test_verifier_gpu_rl_speed.py
+    stage rl_burst "${BURST_S:-210}" python3 benchmarks/verifier_rl_burst.py --data "$DATA" \
+      --steps 3 --budget-s 90 --json "$OUT/verifier_rl_burst.json"
+    stage throughput "${THROUGHPUT_S:-170}" python3 benchmarks/verifier_throughput.py \
+      --data "$DATA" --candidates 70 --latency-candidates 4 --skip-naive --json "$OUT/throughput.json"
+    echo
+    echo "================ issue 26 on $(tail -1 "$OUT/gpu.txt") at $(cat "$OUT/commit.txt") ================"
+    cat "$OUT/stages.txt"
+    tail -5 "$OUT/tests.log"
+    echo "--- verifier_rl_burst.py"
+    grep -E "^(step|  outcomes|==|server|compiler|targets)" "$OUT/rl_burst.log"
+    echo "--- verifier_throughput.py --candidates 70"
+    sed -n '/^== service ==/,$p' "$OUT/throughput.log" | head -20
+    ;;
+  suites)
+    stage adversarial "${ADVERSARIAL_S:-240}" python3 -m pytest -q -m gpu -p no:cacheprovider -rs \
+      tests/adversarial/test_adversarial_gpu.py
+    export DICE_INFILLING_JSON="$DATA" DICE_REPORT_DIR="$OUT"
+    stage verifier_gpu "${DICE_S:-200}" \
+      python3 -m pytest -q -m gpu -p no:cacheprovider -rs tests/verifier/test_verifier_gpu.py
+    stage run_stage "${RUN_STAGE_S:-130}" python3 benchmarks/verifier_run_stage.py --jobs 64 \
+      --slots-per-gpu 4 --rounds 2 --variant old:standby_processes=false \
+      --json "$OUT/run_stage.json"
+    echo
+    echo "================ issue 26 suites on $(tail -1 "$OUT/gpu.txt") at $(cat "$OUT/commit.txt") ================"
+    cat "$OUT/stages.txt"
+    for name in adversarial verifier_gpu; do echo "--- $name"; tail -4 "$OUT/$name.log"; done
+    echo "--- verifier_run_stage.py"
+    grep -E "^(round|base|old)" "$OUT/run_stage.log"
+    ;;
+  *) echo "unknown part $PART (main or suites)"; exit 2 ;;
+esac
