@@ -22,6 +22,7 @@ from dice_jax.distributed import DistributedConfig, MeshConfig
 from dice_jax.metrics_log import LoggingConfig
 from dice_jax.rewards.defaults import RewardConfig
 from dice_jax.rl.update import AlgoSection
+from dice_jax.rl.warm_start import WarmStartSection
 from dice_jax.sampler.config import MODES, SamplerConfig
 from dice_jax.train.model_setup import ModelSection
 from dice_jax.train.optim import OptimizerConfig
@@ -229,6 +230,7 @@ class RLConfig:
   """Everything `dice train` reads; the defaults are the `tiny` run."""
   run_dir: str = "runs/tiny"
   model: ModelSection = dataclasses.field(default_factory=_tiny_model)
+  warm_start: WarmStartSection = dataclasses.field(default_factory=WarmStartSection)  # a random model's SFT first
   data: DataSection = dataclasses.field(default_factory=DataSection)
   rollout: RolloutSection = dataclasses.field(default_factory=RolloutSection)
   algo: AlgoSection = dataclasses.field(default_factory=AlgoSection)

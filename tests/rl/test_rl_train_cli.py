@@ -29,9 +29,11 @@ from dice_jax.rl.config import RLConfig
 
 HERE = pathlib.Path(__file__).resolve().parent
 TIMEOUT_S = 420
-# Four steps: two infilling, two end to end; a checkpoint every two; short prompts and responses;
-# two sampler calls of 4 rows per step.
-TEST_OVERRIDES = ["train.steps=4", "checkpoint.every_steps=2", "curriculum.phase1_steps=2",
+# The random model without its warm start (tests/rl/test_rl_default_learns.py runs that); four steps:
+# two infilling, two end to end; a checkpoint every two; short prompts and responses; two sampler
+# calls of 4 rows per step.
+TEST_OVERRIDES = ["warm_start.steps=0", "data.phase1_files=[bundled:tiny]", "data.phase2_files=[bundled:tiny]",
+                  "train.steps=4", "checkpoint.every_steps=2", "curriculum.phase1_steps=2",
                   "rollout.gen_length=16", "rollout.batch_size=4", "data.max_prompt_length=640",
                   "rewards.custom=[rl_test_rewards:letter_fraction]"]  # the README's short form
 NOT_REPRODUCIBLE = ("timing/", "wait_frac", "time")
