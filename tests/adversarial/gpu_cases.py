@@ -1,4 +1,4 @@
-"""The GPU hostile suite: 42 KernelBench-format candidates, generated from one source.
+"""The GPU hostile suite: 44 KernelBench-format candidates, generated from one source.
 
 Each case is a header, one of the extensions of gpu_libraries.py, and the case's own Python
 (ModelNew and any trick around it). The header's first line says what the case must get:
@@ -11,7 +11,8 @@ case through a server; to run one by hand, write the files and check one:
 
 Decision: the generated texts are byte for byte the case files validated on the H200 on
 2026-12-01 (see gpu_libraries.py), so the line numbers verdict messages cite stay those of
-RELIABILITY.md's table.
+RELIABILITY.md's table; foreign_kernel and honest_batch_companion came later and have not run on a
+GPU yet.
 """
 
 from __future__ import annotations
@@ -277,6 +278,17 @@ def _other_cases() -> list[GpuCase]:
                                  "    __import__(\"time\").sleep(0.001)\n"
                                  "    return torch.sub(a, b, alpha=-alpha)\n\n\n"),
         exploits="DISPATCH_OVERRIDE"),
+      c("honest_batch_companion", "OK", "add_relu",
+        "Honest: one add+relu kernel; compiled in one burst with foreign_kernel, whose include "
+        "block it shares,\nso the two share a batched translation unit (compile/batch.py).",
+        lib.head(lib.BATCH_COMPANION) + "\n\n" + _model("return ext.companion_add_relu(x, y)")),
+      c("foreign_kernel", "REJECTED", "add_relu",
+        "Launches a batch mate's kernel (honest_batch_companion's, found in its own module's "
+        "dynamic symbols)\nthrough cudaLaunchKernel for its answer, after a kernel of its own. "
+        "Built alone it finds none\nand raises (RUNTIME_ERROR: the suite's burst did not batch "
+        "the two).",
+        lib.head(lib.FOREIGN_KERNEL) + "\n\n" + _model("return ext.foreign_add_relu(x, y)"),
+        exploits="FOREIGN_KERNEL"),
       c("override_cpp_aten", "REJECTED", "add_relu",
         "TORCH_LIBRARY_IMPL(aten, CUDA) in its C++ (hidden from the static check by token "
         "pasting): zeros for add and relu.",

@@ -9,7 +9,8 @@ verifier_kernels.CPP_SOURCE).
 Decision: every text is byte for byte that of the case files that got 42/42 on the H200 on
 2026-12-01 (commit c3eaf98, which held them as 42 files). Verdict messages cite line numbers, and
 the suite cannot be re-run on a GPU after every edit; an edit here moves the lines of every case
-below it, so re-run the GPU suite after one.
+below it, so re-run the GPU suite after one. BATCH_COMPANION and FOREIGN_KERNEL, added at the end
+so that no earlier line moved, have not run on a GPU yet.
 """
 
 from __future__ import annotations
@@ -350,3 +351,85 @@ OVERRIDE_ATEN_IN_CPP = _extension(
     "#include <torch/extension.h>\n#include <torch/library.h>\n\n#define DICE_CAT(a, b) a##b\n"
     + _SMALL_ADD_RELU + _ZEROS_FOR_ATEN, f'"torch::Tensor add_relu({_XY});"', "adv_override_cpp",
     '["add_relu"]')
+
+# Two extensions with the same include block, built in one burst so that they share a batched
+# translation unit (compile/batch.py): the companion's kernel is honest; the other looks up the
+# companion's kernel in its own module's dynamic symbols (the module holds every member's code)
+# and launches it through the CUDA runtime for its answer, after a kernel of its own.
+_BATCH_INCLUDES = r'''#include <torch/extension.h>
+#include <cuda_runtime.h>
+#include <dlfcn.h>
+#include <elf.h>
+#include <cstdio>
+#include <cstring>
+#include <stdexcept>
+#include <vector>
+'''
+
+_COMPANION = _BATCH_INCLUDES + r'''
+__global__ void companion_add_relu_kernel(const float* x, const float* y, float* out, int64_t n) {
+  int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+  if (i < n) out[i] = fmaxf(x[i] + y[i], 0.f);
+}
+
+torch::Tensor companion_add_relu(torch::Tensor x, torch::Tensor y) {
+  auto out = torch::empty_like(x);
+  int64_t n = x.numel();
+  companion_add_relu_kernel<<<(n + 255) / 256, 256>>>(x.data_ptr<float>(), y.data_ptr<float>(), out.data_ptr<float>(), n);
+  return out;
+}
+'''
+
+_FOREIGN = _BATCH_INCLUDES + r'''
+__global__ void foreign_touch_kernel(float* out, int64_t n) {
+  int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+  if (i < n) out[i] = 0.f;
+}
+
+// The address of a batch mate's companion_add_relu_kernel, from this module's .dynsym.
+static const void* find_mate_kernel() {
+  Dl_info info;
+  if (!dladdr((const void*)&find_mate_kernel, &info) || info.dli_fname == nullptr) return nullptr;
+  FILE* file = fopen(info.dli_fname, "rb");
+  if (file == nullptr) return nullptr;
+  std::vector<char> image;
+  char chunk[65536];
+  size_t got;
+  while ((got = fread(chunk, 1, sizeof chunk, file)) > 0) image.insert(image.end(), chunk, chunk + got);
+  fclose(file);
+  const Elf64_Ehdr* header = (const Elf64_Ehdr*)image.data();
+  const Elf64_Shdr* sections = (const Elf64_Shdr*)(image.data() + header->e_shoff);
+  for (int s = 0; s < header->e_shnum; ++s) {
+    if (sections[s].sh_type != SHT_DYNSYM) continue;
+    const Elf64_Sym* symbols = (const Elf64_Sym*)(image.data() + sections[s].sh_offset);
+    const char* names = image.data() + sections[sections[s].sh_link].sh_offset;
+    for (size_t k = 0; k < sections[s].sh_size / sizeof(Elf64_Sym); ++k) {
+      const char* name = names + symbols[k].st_name;
+      if (symbols[k].st_shndx != SHN_UNDEF && strstr(name, "companion_add_relu_kernel") != nullptr)
+        return (const char*)info.dli_fbase + symbols[k].st_value;
+    }
+  }
+  return nullptr;
+}
+
+torch::Tensor foreign_add_relu(torch::Tensor x, torch::Tensor y) {
+  auto out = torch::empty_like(x);
+  int64_t n = x.numel();
+  unsigned blocks = (unsigned)((n + 255) / 256);
+  foreign_touch_kernel<<<blocks, 256>>>(out.data_ptr<float>(), n);
+  const void* mate = find_mate_kernel();
+  if (mate == nullptr) throw std::runtime_error("no batch mate's kernel in this module (built alone?)");
+  const float* xp = x.data_ptr<float>();
+  const float* yp = y.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  void* args[] = {(void*)&xp, (void*)&yp, (void*)&op, (void*)&n};
+  cudaError_t status = cudaLaunchKernel(mate, dim3(blocks), dim3(256), args, 0, nullptr);
+  if (status != cudaSuccess) throw std::runtime_error(cudaGetErrorString(status));
+  return out;
+}
+'''
+
+BATCH_COMPANION = _extension(_COMPANION, f'"torch::Tensor companion_add_relu({_XY});"',
+                             "adv_batch_companion", '["companion_add_relu"]')
+FOREIGN_KERNEL = _extension(_FOREIGN, f'"torch::Tensor foreign_add_relu({_XY});"',
+                            "adv_foreign_kernel", '["foreign_add_relu"]')

@@ -63,7 +63,7 @@ def test_generated_cases_are_candidates_with_their_header(tmp_path):
   """Runs everywhere: each generated case is Python that defines ModelNew, calls load_inline,
   and carries a header stating the case's expected verdict; the writer emits them as files."""
   catalogue = gpu_cases.cases()
-  assert len(catalogue) == 42 and len({c.name for c in catalogue}) == 42
+  assert len(catalogue) == 44 and len({c.name for c in catalogue}) == 44
   for case in catalogue:
     tree = ast.parse(case.source, filename=f"{case.name}.py")
     classes = {node.name for node in tree.body if isinstance(node, ast.ClassDef)}

@@ -233,6 +233,23 @@ def test_a_host_that_cannot_confine_refuses_to_start_and_says_what_is_missing(
     asyncio.run(compiler.close())
 
 
+@pytest.mark.xfail(strict=True, reason="service/scheduler.py does not yet pass ServerConfig."
+                   "compile_limits and compile_confine to its Compiler (a change outside compile/)")
+def test_the_servers_compile_settings_reach_its_compiler(toolchain, tmp_path):
+  """`--compile-unconfined`, `--compile-memory` and `--compile-cpu` reach the server's compiler."""
+  from verifier_service.service import config as config_lib  # pylint: disable=import-outside-toplevel
+  from verifier_service.service import scheduler as scheduler_lib  # pylint: disable=import-outside-toplevel
+  limits = limits_lib.Limits(memory_bytes=3 << 30, cpu_s=77)
+  config = config_lib.ServerConfig(cache_dir=tmp_path, compile_workers=1, verdict_store_size=0,
+                                   compile_confine=False, compile_limits=limits)
+  scheduler = scheduler_lib.Scheduler.create(config, toolchain)
+  try:
+    assert scheduler.compiler.confinement.limits == limits
+    assert not scheduler.compiler.confinement.enabled
+  finally:
+    asyncio.run(scheduler.stop())
+
+
 # ----------------------------------------------------------------------------- real nvcc
 
 

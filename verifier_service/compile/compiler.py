@@ -152,7 +152,9 @@ class Compiler:
     except confine_lib.ConfinementError:
       self._in_use.close()
       raise
-    if confine:
+    if confine and any(v.startswith("off") for v in self.confinement.layers.values()):
+      log.warning("compile confinement, with a bound missing: %s", self.confinement.describe())
+    elif confine:
       log.info("compile confinement: %s", self.confinement.describe())
     else:
       log.error("compile stage UNCONFINED: compilers read any file this server can and reach the "

@@ -205,7 +205,7 @@ class Confinement:
     and a layer is missing."""
     layers: dict[str, str] = {}
     if self.wrapper is None:
-      layers["wrapper"] = f"off: the exec wrapper did not compile (see the log above)"
+      layers["wrapper"] = "off: the exec wrapper did not compile (see the log above)"
     elif self.enabled:
       abi = sandbox.landlock_abi()
       layers.update(self._probe_layers(abi))
@@ -230,7 +230,8 @@ class Confinement:
     else:
       layers["processes"] = ("off: no pids cgroup, and RLIMIT_NPROC is not applied to root or "
                              "counts every process of the uid")
-    layers["cgroups"] = (self.cgroups.describe() if self.cgroups else "off") + (
+    layers["cgroups"] = (self.cgroups.describe() if self.cgroups else
+                         "none (per-process rlimits only)") + (
         f" ({cgroup_note})" if cgroup_note else "")
     layers["output"] = f"{limits_lib._size(limits.output_bytes)} read back per process"  # pylint: disable=protected-access
     missing = {k: v for k, v in layers.items() if k in ("wrapper", "namespaces", "landlock",
