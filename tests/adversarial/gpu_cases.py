@@ -284,7 +284,7 @@ def _other_cases() -> list[GpuCase]:
         lib.head(lib.BATCH_COMPANION) + "\n\n" + _model("return ext.companion_add_relu(x, y)")),
       c("foreign_kernel", "REJECTED", "add_relu",
         "Launches a batch mate's kernel (honest_batch_companion's, found in its own module's "
-        "dynamic symbols)\nthrough cudaLaunchKernel for its answer, after a kernel of its own. "
+        "symbol table)\nthrough cudaLaunchKernel for its answer, after a kernel of its own. "
         "Built alone it finds none\nand raises (RUNTIME_ERROR: the suite's burst did not batch "
         "the two).",
         lib.head(lib.FOREIGN_KERNEL) + "\n\n" + _model("return ext.foreign_add_relu(x, y)"),

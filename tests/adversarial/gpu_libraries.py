@@ -354,8 +354,8 @@ OVERRIDE_ATEN_IN_CPP = _extension(
 
 # Two extensions with the same include block, built in one burst so that they share a batched
 # translation unit (compile/batch.py): the companion's kernel is honest; the other looks up the
-# companion's kernel in its own module's dynamic symbols (the module holds every member's code)
-# and launches it through the CUDA runtime for its answer, after a kernel of its own.
+# companion's kernel in its own module's symbol table (the module holds every member's code) and
+# launches it through the CUDA runtime for its answer, after a kernel of its own.
 _BATCH_INCLUDES = r'''#include <torch/extension.h>
 #include <cuda_runtime.h>
 #include <dlfcn.h>
@@ -386,7 +386,8 @@ __global__ void foreign_touch_kernel(float* out, int64_t n) {
   if (i < n) out[i] = 0.f;
 }
 
-// The address of a batch mate's companion_add_relu_kernel, from this module's .dynsym.
+// The host-side address of a batch mate's companion_add_relu_kernel (the handle the CUDA runtime
+// registered it under), from this module's symbol table.
 static const void* find_mate_kernel() {
   Dl_info info;
   if (!dladdr((const void*)&find_mate_kernel, &info) || info.dli_fname == nullptr) return nullptr;
@@ -400,12 +401,13 @@ static const void* find_mate_kernel() {
   const Elf64_Ehdr* header = (const Elf64_Ehdr*)image.data();
   const Elf64_Shdr* sections = (const Elf64_Shdr*)(image.data() + header->e_shoff);
   for (int s = 0; s < header->e_shnum; ++s) {
-    if (sections[s].sh_type != SHT_DYNSYM) continue;
+    if (sections[s].sh_type != SHT_SYMTAB && sections[s].sh_type != SHT_DYNSYM) continue;
     const Elf64_Sym* symbols = (const Elf64_Sym*)(image.data() + sections[s].sh_offset);
     const char* names = image.data() + sections[sections[s].sh_link].sh_offset;
     for (size_t k = 0; k < sections[s].sh_size / sizeof(Elf64_Sym); ++k) {
       const char* name = names + symbols[k].st_name;
-      if (symbols[k].st_shndx != SHN_UNDEF && strstr(name, "companion_add_relu_kernel") != nullptr)
+      if (symbols[k].st_shndx != SHN_UNDEF && ELF64_ST_TYPE(symbols[k].st_info) == STT_FUNC &&
+          strncmp(name, "_ZN", 3) == 0 && strstr(name, "companion_add_relu_kernelE") != nullptr)
         return (const char*)info.dli_fbase + symbols[k].st_value;
     }
   }
