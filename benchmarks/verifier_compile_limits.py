@@ -18,6 +18,7 @@ differences per process and the ratios.
 
   python benchmarks/verifier_compile_limits.py --count 10            # the 10 largest sources
   python benchmarks/verifier_compile_limits.py --count 0 --burst --jobs 16   # all 99, GPU box
+  python benchmarks/verifier_compile_limits.py --count 10 --original --overhead 0   # as written
   python benchmarks/verifier_compile_limits.py --overhead 50 --no-builds      # overhead only
 """
 
@@ -41,6 +42,8 @@ import psutil
 
 class TreeSampler:
   """Samples this process's children and their descendants (each child: one tree) until closed.
+  Trees whose command line holds `skip` (the shared header builds' own file bound) are left out:
+  they have bounds of their own (Limits.shared) and are measured separately.
 
   peak_tree_bytes: the largest sum of RSS over one tree at one sample; peak_process_bytes: the
   largest RSS of one process; peak_data_bytes: the largest data segment of one process (virtual:
@@ -48,8 +51,9 @@ class TreeSampler:
   seen; peak_tasks: the most threads alive in one tree; processes: distinct pids seen. Sampled:
   a process shorter than the interval can be missed."""
 
-  def __init__(self, interval_s: float = 0.01):
+  def __init__(self, interval_s: float = 0.01, skip: str | None = None):
     self.interval_s = interval_s
+    self.skip = skip
     self.peak_tree_bytes = 0
     self.peak_process_bytes = 0
     self.peak_data_bytes = 0
@@ -72,6 +76,8 @@ class TreeSampler:
     while not self._stop.is_set():
       for root in me.children(recursive=False):
         try:
+          if self.skip and self.skip in root.cmdline():
+            continue
           tree = [root] + root.children(recursive=True)
         except psutil.Error:
           continue
@@ -96,7 +102,8 @@ class TreeSampler:
 
 
 class FileSampler:
-  """The largest file seen under a folder (the builds' scratch folders), sampled."""
+  """The largest file seen under a folder (the builds' scratch folders), sampled; the shared
+  header builds' folders (pch-*, env-*: their own bounds) left out."""
 
   def __init__(self, folder: pathlib.Path, interval_s: float = 0.05):
     self.folder = folder
@@ -115,7 +122,8 @@ class FileSampler:
 
   def _run(self) -> None:
     while not self._stop.is_set():
-      for root, _, files in os.walk(self.folder):
+      for root, dirs, files in os.walk(self.folder):
+        dirs[:] = [d for d in dirs if not d.startswith(("pch-", "env-"))]
         for name in files:
           try:
             self.largest = max(self.largest, os.path.getsize(os.path.join(root, name)))
@@ -164,13 +172,15 @@ async def _builds(args, toolchain, limits, rows: list[dict]) -> None:
   cache.mkdir()
   for sub in ("pch", "headers"):
     os.symlink(root / "shared" / sub, cache / sub)
-  compiler = compile_lib.Compiler(toolchain, cache, max_jobs=args.jobs, limits=limits)
+  compiler = compile_lib.Compiler(toolchain, cache, max_jobs=args.jobs, limits=limits,
+                                  light_headers=not args.original)
+  skip = str(limits.shared().file_bytes)  # the shared builds' wrapper argument
   pairs = _candidates(args.problems, args.count)
   exts = [(ident, checks.check_candidate(c).extensions[0]) for ident, c in pairs]
   try:
     for ident, ext in exts:
       cpu0, t0 = _cpu_children(), time.monotonic()
-      with TreeSampler() as sampler, FileSampler(cache / "tmp") as files:
+      with TreeSampler(skip=skip) as sampler, FileSampler(cache / "tmp") as files:
         result = await compiler.build(ext, 3600)
       rows.append(_row(ident, result.ok, time.monotonic() - t0, _cpu_children() - cpu0, sampler,
                        files, max(len(result.log.encode()), _largest_log(cache))))
@@ -180,7 +190,7 @@ async def _builds(args, toolchain, limits, rows: list[dict]) -> None:
       changed = [(i, dataclasses.replace(e, cuda_sources=tuple(
           s + "\n// burst\n" for s in e.cuda_sources))) for i, e in exts]
       cpu0, t0 = _cpu_children(), time.monotonic()
-      with TreeSampler() as sampler, FileSampler(cache / "tmp") as files:
+      with TreeSampler(skip=skip) as sampler, FileSampler(cache / "tmp") as files:
         results = await asyncio.gather(*(compiler.build(e, 3600, problem=i) for i, e in changed))
       rows.append(_row(f"burst of {len(changed)}", all(r.ok for r in results),
                        time.monotonic() - t0, _cpu_children() - cpu0, sampler, files,
@@ -274,6 +284,9 @@ def main() -> None:
                       help="also build them all at once (batched translation units)")
   parser.add_argument("--overhead", type=int, default=20, metavar="N",
                       help="repetitions of the per-process overhead measurement (0: skip)")
+  parser.add_argument("--original", action="store_true",
+                      help="build every source as written (no light header tiers): the fallback "
+                           "path, torch/extension.h parsed whole, the heaviest honest compile")
   parser.add_argument("--no-builds", action="store_true", help="only the overhead measurement")
   parser.add_argument("--json", default="", help="write the rows here")
   args = parser.parse_args()

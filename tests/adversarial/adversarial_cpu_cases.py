@@ -229,6 +229,32 @@ def _cpp_override(name: str, hidden: bool) -> str:
   return _CPP_OVERRIDE_CANDIDATE.replace("{SOURCE}", source).replace("{NAME}", name)
 
 
+def _compile_stage(name: str, cpp_prefix: str = "", flags: tuple[str, ...] = ()) -> str:
+  """The family candidate as its own extension `name`, with `cpp_prefix` above its C++ and
+  `flags` as load_inline's extra_cflags: hostile to the compile stage, not the run."""
+  source = kernels.cpp_candidate("scaled_add").replace('name="cpu_family"', f'name="{name}"')
+  if cpp_prefix:
+    source = source.replace('cpp_source = r"""', 'cpp_source = r"""' + cpp_prefix + "\n", 1)
+  if flags:
+    source = source.replace("with_cuda=True, verbose=False)",
+                            f"with_cuda=True, verbose=False, extra_cflags={list(flags)!r})")
+  return source
+
+
+# Compile-stage probes: what the compilers (or a command a candidate's flags make them run) may
+# read and reach. The outside file's text or "ESCAPED" in a verdict means a probe got through.
+_INCBIN = r'__asm__(".section .rodata\n.incbin \"{OUTSIDE}\"\n.previous");'
+_LINE_REREAD = '#line 1 "{OUTSIDE}"\nint this_line_does_not_compile = ;'
+# torch splits extra_cflags like a shell (its ninja file): no spaces or quotes in these. The
+# first prints the outside file; the second runs Python given as hex, which prints ESCAPED only
+# if it connected to the server's port.
+_READ_COMMAND = ("-wrapper", "/bin/sh,-c,cat<{OUTSIDE}>&2;false")
+_CONNECT = ('import socket, sys\ns = socket.create_connection(("127.0.0.1", int(sys.argv[2])), 2)\n'
+            'print("ESC" + "APED: the compile stage reached the server")\nraise SystemExit(1)\n')
+_NET_COMMAND = ("-wrapper", "/usr/bin/python3,-c,exec(bytes.fromhex(__import__(chr(115)+chr(121)"
+                "+chr(115)).argv[1])),"+ _CONNECT.encode().hex() + ",{PORT}")
+
+
 _GLUE = '''        a = a.contiguous().view(-1).reshape(a.shape)
         b = torch.empty_like(b).copy_(b)
         out = ext.scaled_add(a, b, self.scale)
@@ -305,6 +331,16 @@ def cases() -> list[Case]:
             "REJECTED", "DISPATCH_OVERRIDE"),
       _case("override_cpp_hidden", _cpp_override("cpp_override_hidden", hidden=True), "REJECTED",
             "DISPATCH_OVERRIDE", message="registered at"),
+      # The compile stage (compile/confine.py): a host file is neither opened nor quoted.
+      _case("compile_includes_host_file", _compile_stage(
+          "cc_include", '#include "{OUTSIDE}"'), "COMPILE_ERROR", message="Permission denied"),
+      _case("compile_incbins_host_file", _compile_stage("cc_incbin", _INCBIN), "COMPILE_ERROR"),
+      _case("compile_line_directive_rereads_host_file", _compile_stage(
+          "cc_line", _LINE_REREAD), "COMPILE_ERROR"),
+      _case("compile_command_reads_host_file", _compile_stage(
+          "cc_read_command", flags=_READ_COMMAND), "COMPILE_ERROR"),
+      _case("compile_command_reaches_network", _compile_stage(
+          "cc_net_command", flags=_NET_COMMAND), "COMPILE_ERROR"),
       # The partial-replacement policy: the extension adds, torch multiplies.
       _case("partial_default_policy", _python("scaled_add", _PARTIAL), "OK",
             policy="POLICY_DEFAULT"),

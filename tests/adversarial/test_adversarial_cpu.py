@@ -4,7 +4,8 @@ One server in CPU test mode (C++-only candidates run on CPU worker children), wi
 its environment, a small file-size limit and the job children sandboxed as in production. Every
 case of adversarial_cpu_cases.py runs concurrently on two slots; the table of results is printed
 (`-s`), and each case is its own test. A verdict that names ESCAPED means a hostile call got
-through the sandbox: always a failure.
+through the sandbox: always a failure; so is the outside file's text in a verdict's message or
+compile log (the compile-stage cases try to read it at compile time).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import verifier_harness
 import verifier_kernels as kernels
 
 CASES = {c.name: c for c in adversarial_cpu_cases.cases()}
+OUTSIDE_TEXT = "readable by anyone, outside every sandbox"
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +34,7 @@ def hostile(cache_dir, toolchain):
   os.chmod(secret_dir, 0o755)
   outside = os.path.join(secret_dir, "secret.txt")
   with open(outside, "w") as f:
-    f.write("readable by anyone, outside every sandbox\n")
+    f.write(OUTSIDE_TEXT + "\n")
   os.chmod(outside, 0o644)
   os.environ["DICE_ADVERSARIAL_SECRET"] = "hunter2"
   try:
@@ -74,6 +76,8 @@ def test_case_gets_its_verdict(hostile, name):
   outcome = pb.Outcome.Name(verdict.outcome)
   kinds = {pb.Exploit.Name(e.kind) for e in verdict.exploits}
   assert "ESCAPED" not in verdict.message, verdict.message
+  assert "ESCAPED" not in verdict.compile.log, verdict.compile.log
+  assert OUTSIDE_TEXT not in verdict.message + verdict.compile.log, verdict.compile.log
   assert outcome in case.expect, (outcome, verdict.message, kinds)
   assert case.exploits <= kinds, (kinds, verdict.message)
   assert case.message in verdict.message, verdict.message

@@ -32,6 +32,15 @@ What a confined process may do:
   own IPC and UTS namespaces (host name "dice-compile"); an environment allow-list (no tokens).
 Bounds: limits.py (and cgroups.py where the host has them).
 
+What holds where (the start-up log names each layer as found, `Confinement.layers`):
+- no Landlock, no seccomp (libseccomp), or namespaces the server may not create (an ordinary
+  user where unprivileged user namespaces are off): the server refuses to start (below);
+- Landlock ABI < 4 (no TCP rules): the network namespace and seccomp's socket refusal still hold;
+  ABI < 6 (signals not scoped): the PID namespace still hides every other process;
+- no cgroup we may use: memory and CPU are bounded per process only (rlimits); as root there is
+  then no process-count bound (RLIMIT_NPROC does not apply to root), which the log says;
+- an ordinary user: a user namespace is made too, and RLIMIT_NPROC bounds the tree.
+
 Strict by default: at start-up (`Confinement.__init__`) a probe runs the wrapper with every layer;
 if any layer cannot be applied on this kernel (no Landlock, no seccomp, no namespaces) the
 server refuses to start and names what is missing. Decision (the unconfined switch,
