@@ -9,7 +9,8 @@ known before it is sent:
   wrong           compiles, wrong values: the launcher's last `return t;` becomes `return t.mul(1.5);`
   compile_error   an undeclared name at the top of the first kernel's body
   crash           `__trap()` at the top of the first kernel (a CUDA error in forward)
-  hang            every thread of the first kernel spins on a volatile flag (never returns)
+  hang            every thread of the first kernel spins on the SM clock and never returns (a spin on a
+                  local volatile flag did return: such hangs ended OK on the H200)
   duplicate       the very text of an earlier sample of its group (a low-entropy policy repeating
                   itself; the trainer's client deduplicates these)
   near_duplicate  an earlier sample of its group re-indented with a comment added (the same
@@ -108,7 +109,7 @@ def mutate(middle: str, kind: str, tag: str) -> str:
   elif kind == "crash":
     cuda = _insert(cuda, _kernel_body(cuda), " __trap();")
   elif kind == "hang":
-    cuda = _insert(cuda, _kernel_body(cuda), " volatile int dice_spin = 1; while (dice_spin) { }")
+    cuda = _insert(cuda, _kernel_body(cuda), " while (clock64() >= 0) { }")
   elif kind not in ("correct", "repeat"):
     raise ValueError(f"not a fresh kind: {kind}")
   return head + cuda + tail
