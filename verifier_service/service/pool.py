@@ -64,6 +64,7 @@ class WorkerSlot:
     self.info: dict[str, Any] = {}
     self.jobs_run = 0
     self.restarts = 0
+    self.running: str | None = None  # the job id whose processes have started, until it ends
 
   async def start(self) -> None:
     self._proc = await asyncio.create_subprocess_exec(
@@ -143,6 +144,7 @@ class WorkerSlot:
           kind = message["type"]
           if kind == "started":
             children = list(message.get("pids", [message["pid"]]))
+            self.running = job["job_id"]
           elif kind == "budget":
             limit.tighten(message.get("seconds"), message.get("why", ""))
           elif kind == "phase":
@@ -169,6 +171,8 @@ class WorkerSlot:
         except (asyncio.TimeoutError, WorkerDied, json.JSONDecodeError):
           await self.stop()
         raise
+      finally:
+        self.running = None
     raise AssertionError("unreachable: the second send always returns")
 
   async def _abort(self, job_id: str, children: list[int]) -> None:
