@@ -105,8 +105,9 @@ class FileSampler:
   """The largest file seen under a folder (the builds' scratch folders), sampled; the shared
   header builds' folders (pch-*, env-*: their own bounds) left out."""
 
-  def __init__(self, folder: pathlib.Path, interval_s: float = 0.05):
+  def __init__(self, folder: pathlib.Path, interval_s: float = 0.05, shared: bool = False):
     self.folder = folder
+    self.shared = shared  # measure the shared header builds' folders instead of skipping them
     self.largest = 0
     self._stop = threading.Event()
     self._thread = threading.Thread(target=self._run, daemon=True)
@@ -123,7 +124,8 @@ class FileSampler:
   def _run(self) -> None:
     while not self._stop.is_set():
       for root, dirs, files in os.walk(self.folder):
-        dirs[:] = [d for d in dirs if not d.startswith(("pch-", "env-"))]
+        if not self.shared:
+          dirs[:] = [d for d in dirs if not d.startswith(("pch-", "env-"))]
         for name in files:
           try:
             self.largest = max(self.largest, os.path.getsize(os.path.join(root, name)))
@@ -137,12 +139,16 @@ def _cpu_children() -> float:
   return usage.ru_utime + usage.ru_stime
 
 
-def _candidates(path: str, count: int) -> list[tuple[str, str]]:
-  """(id, graded candidate) of DICE's phase-1 items the static checks accept, largest first."""
+def _candidates(path: str, count: int, ids: str = "") -> list[tuple[str, str]]:
+  """(id, graded candidate) of DICE's phase-1 items the static checks accept, largest first
+  (only `ids`, comma-separated, when given)."""
   from verifier_service.compile import checks  # pylint: disable=import-outside-toplevel
   items = json.loads(pathlib.Path(path).read_text())
   out = []
+  wanted = set(filter(None, ids.split(",")))
   for item in items:
+    if wanted and str(item["id"]) not in wanted:
+      continue
     source = item["cuda_code"]  # prefix + middle + suffix
     if checks.check_sources(item["pytorch_code"], source).outcome is None:
       out.append((str(item["id"]), source))
@@ -162,7 +168,7 @@ async def _builds(args, toolchain, limits, rows: list[dict]) -> None:
   shared = compile_lib.Compiler(toolchain, root / "shared", max_jobs=args.jobs, limits=limits)
   try:
     t0 = time.monotonic()
-    with TreeSampler() as sampler, FileSampler(root / "shared") as files:
+    with TreeSampler() as sampler, FileSampler(root / "shared", shared=True) as files:
       await shared.warm_up()
       await shared.settle()
     rows.append(_row("shared headers", True, time.monotonic() - t0, 0.0, sampler, files, 0))
@@ -175,7 +181,7 @@ async def _builds(args, toolchain, limits, rows: list[dict]) -> None:
   compiler = compile_lib.Compiler(toolchain, cache, max_jobs=args.jobs, limits=limits,
                                   light_headers=not args.original)
   skip = str(limits.shared().file_bytes)  # the shared builds' wrapper argument
-  pairs = _candidates(args.problems, args.count)
+  pairs = _candidates(args.problems, args.count, args.ids)
   exts = [(ident, checks.check_candidate(c).extensions[0]) for ident, c in pairs]
   try:
     for ident, ext in exts:
@@ -284,6 +290,7 @@ def main() -> None:
                       help="also build them all at once (batched translation units)")
   parser.add_argument("--overhead", type=int, default=20, metavar="N",
                       help="repetitions of the per-process overhead measurement (0: skip)")
+  parser.add_argument("--ids", default="", help="only these DICE item ids (comma-separated)")
   parser.add_argument("--original", action="store_true",
                       help="build every source as written (no light header tiers): the fallback "
                            "path, torch/extension.h parsed whole, the heaviest honest compile")

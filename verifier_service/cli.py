@@ -114,8 +114,8 @@ def _add_common(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> No
   parser.add_argument("--compile-memory", type=compile_cache.parse_size, metavar="SIZE",
                       default=defaults.compile_limits.memory_bytes,
                       help="memory per compiler process (and per process tree where cgroup v2 "
-                           "allows); a compile over it is the candidate's COMPILE_ERROR "
-                           "(default 8G)")
+                           "allows); a compile over it is the candidate's COMPILE_ERROR (default "
+                           f"{compile_cache.format_size(defaults.compile_limits.memory_bytes)})")
   parser.add_argument("--compile-cpu", type=_positive, metavar="SECONDS",
                       default=defaults.compile_limits.cpu_s,
                       help="CPU seconds per compiler process; a compile over it is the "

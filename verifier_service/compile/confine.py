@@ -15,10 +15,11 @@ wrapper would cost tens of milliseconds per process where fast compile paths tak
 C wrapper's cost is measured by benchmarks/verifier_compile_limits.py (--overhead).
 
 What a confined process may do:
-- read and execute beneath `read_roots`: the toolkit, the compiler's install and the system's
-  headers and libraries (/usr/bin, /usr/lib, /usr/include, ...), torch's include and lib folders,
-  Python's include folder, and the cache's shared header folders (pch/, headers/, warm/: torch's
-  headers only, never a candidate's text; read, never written);
+- read and execute beneath the roots of `paths()`: the toolkit (and where its links lead), the
+  compiler's install and the system's headers and libraries (/usr/bin, /usr/lib, /usr/include,
+  ...), torch's include and lib folders and its nvidia-* wheels, Python's include folder, and the
+  cache's shared header folders (pch/, headers/, warm/: torch's headers only, never a candidate's
+  text; read, never written);
 - read and write beneath its own build folder (also its TMPDIR and HOME), and /dev/null; read
   the extra files its command needs (a link's objects);
 - nothing else of the host: not home folders, the verifier's token or TLS files, other builds'
