@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import dataclasses
 import datetime
 import json
 import os
@@ -44,6 +45,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+import rl_burst_builds as builds_lib  # noqa: E402  (this folder)
 import rl_burst_mix as mix_lib  # noqa: E402  (this folder)
 
 from dice.verifier.v1 import verifier_pb2 as pb  # noqa: E402
@@ -68,7 +70,23 @@ class Served:
     self.loop = asyncio.new_event_loop()
     threading.Thread(target=self.loop.run_forever, daemon=True).start()
     self.scheduler = scheduler_lib.Scheduler.create(config, toolchain)
+    self.builds: list[dict] = []  # every build the server ran (BuildResult fields), in order
+    self._record_builds()
     self.port = self.call(self._start())
+
+  def _record_builds(self) -> None:
+    """Keeps each build's result, its processes (BuildResult.steps) included: where a step's
+    compile CPU-seconds went, read after the step."""
+    compiler = self.scheduler.compiler
+    build = compiler.build
+
+    async def recorded(ext, timeout_s, problem=""):
+      result = await build(ext, timeout_s, problem=problem)
+      entry = dataclasses.asdict(result)
+      entry.update(problem=problem[:12], log=result.log[:300], name=ext.name)
+      self.builds.append(entry)
+      return result
+    compiler.build = recorded
 
   async def _start(self) -> int:
     await self.scheduler.start()
@@ -156,6 +174,7 @@ def run_step(conn: connect_lib.Connection, served: Served, samples: list[mix_lib
              phase: int, options: pb.VerifyOptions) -> dict:
   """Sends one step's completions as `dice train` does and waits for the last verdict."""
   stats0, counters0 = conn.client.stats(), served.counters()
+  first_build = len(served.builds)
   cores_busy0 = _busy_jiffies()
   start = time.monotonic()
   future = candidates.submit_completions(
@@ -191,7 +210,8 @@ def run_step(conn: connect_lib.Connection, served: Served, samples: list[mix_lib
           "run": _median([_stage(v, *_RUN_STAGES) for v in fresh if _stage(v, *_RUN_STAGES)])},
       "verdict_total_p50_s": _median([v.total_s for v in fresh]),
       "verdict_total_p90_s": _quantile([v.total_s for v in fresh], 0.9),
-      "outcomes": dict(outcomes), "outcomes_by_kind": {k: dict(c) for k, c in by_kind.items()}}
+      "outcomes": dict(outcomes), "outcomes_by_kind": {k: dict(c) for k, c in by_kind.items()},
+      "builds": builds_lib.summarise(served.builds[first_build:])}
 
 
 def _busy_jiffies() -> tuple[int, int]:
@@ -213,6 +233,7 @@ def _print_step(index: int, step: dict) -> None:
         f"{100 * step['machine_cpu_busy']:.0f}%", flush=True)
   print(f"  outcomes {step['outcomes']}; by kind: " + "; ".join(
       f"{k} {v}" for k, v in sorted(step["outcomes_by_kind"].items())), flush=True)
+  print(builds_lib.line(step["builds"]), flush=True)
 
 
 def summarise(steps: list[dict], startup_s: float, args: argparse.Namespace, hardware: str,
@@ -320,6 +341,9 @@ def main(argv: list[str] | None = None) -> None:
   finally:
     conn.close()
     served.stop()
+    if args.json:  # every build with its processes, for reading where the CPU went
+      with open(args.json + ".builds.jsonl", "w", encoding="utf-8") as f:
+        f.writelines(json.dumps(b, default=str) + "\n" for b in served.builds)
   _write(args.json, summarise(steps, startup, args, hardware))
   if args.json:
     print(f"wrote {args.json}")

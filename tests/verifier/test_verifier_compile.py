@@ -272,13 +272,13 @@ def test_pybind_customisations_and_identical_headers(tmp_path):
 def test_escalation_after_a_lite_failure():
   env = _fake_env()
   typo = 'cuda.cu(9): error: identifier "s_typo" is undefined\n1 error detected'
-  assert not header_tiers.types_may_help(typo, env)
+  assert not header_tiers.heavier_may_help(typo, env)
   missing = 'cuda.cu(9): error #20: identifier "matmul" is undefined\n'
-  assert header_tiers.types_may_help(missing, env)
+  assert header_tiers.heavier_may_help(missing, env)
   namespace = 'cuda.cu(9): error: namespace "torch" has no member "matmul"\n'
-  assert header_tiers.types_may_help(namespace, env)
+  assert header_tiers.heavier_may_help(namespace, env)
   missing = "cuda.cu:5:10: fatal error: cublas_v2.h: No such file or directory\n"
-  assert not header_tiers.types_may_help(missing, env)  # the same include fails at every tier
+  assert not header_tiers.heavier_may_help(missing, env)  # the same include fails at every tier
   assert header_tiers.broken_by_tier("/c/dice_tier_lite.h(12): error: x", LITE)
   assert not header_tiers.broken_by_tier("cuda.cu(12): error: x", LITE)
 
@@ -503,6 +503,25 @@ def test_every_tier_failing_reports_the_original_log(toolchain, cache_dir):
       ("fill_ones", "factories", "bad"))))
   assert not result.ok and "no_such_thing" in result.log
   assert "dice_tier" not in result.log and "headers/" not in result.log.split("\n")[0]
+
+
+def _error_lines(log: str) -> list[str]:
+  return [l for l in log.splitlines() if "error" in l and not l.startswith("$ ")]
+
+
+def test_a_typo_ends_the_build_at_the_lite_tier_with_the_errors_of_the_source_as_written(
+    toolchain, cache_dir, tmp_path):
+  """A lite failure that no heavier header can remove (a name nothing declares) is final: one
+  cuda.cu compile, not the lite one and then torch's whole headers; its errors are those the
+  source as written gets (built here with every tier off)."""
+  source = kernels.CUDA_SOURCE.replace("(a[i] + b[i]) * s", "(a[i] + b[i]) * s_final_typo")
+  ext = _extension(kernels.cuda_candidate(source, name="typo_final"))
+  fast = _build(toolchain, cache_dir, ext)
+  assert not fast.ok and "s_final_typo" in fast.log
+  assert [s["step"] for s in fast.steps].count("gcc+cudafe++") == 1, fast.steps
+  written = _build(toolchain, tmp_path, ext, light_headers=False, use_pch=False)
+  assert not written.ok
+  assert _error_lines(fast.log) == _error_lines(written.log) != []
 
 
 def test_cpp_extension_runs_and_computes(toolchain, cache_dir):

@@ -515,6 +515,7 @@ class Batcher:
 
   async def _run_taken_or_alone(self, group: _Group,
                                 taken: list[tuple[Member, asyncio.Future]]) -> None:
+    compile_procs.WHAT.set("batch")  # this task's own context: its processes are the batch's
     try:
       await self._run_taken(group, taken)
     except Exception as e:  # pylint: disable=broad-except  (a speed-up: each builds alone)

@@ -6,8 +6,11 @@ it fast (each measured in `benchmarks/verifier_compile.py`):
 
 1. Header tiers (header_tiers.py; per toolchain, tier_environment.py): the lightest torch headers
    that build each translation unit, falling back to the source as written on failure, so a
-   verdict never differs from the naive path's; only its cost does. cuda.cu: lite, then torch/types.h, then as written. main.cpp:
-   lite plus the binding headers (a third of torch/extension.h's parse), then as written.
+   verdict never differs from the naive path's; only its cost does. cuda.cu: lite, then
+   torch/types.h, then as written; a lite failure that no heavier header can remove
+   (header_tiers.heavier_may_help: a typo, a missing include) ends the build with the lite log,
+   as the source as written would end it. main.cpp: lite plus the binding headers (a third of
+   torch/extension.h's parse), then as written.
 2. g++ precompiled headers for main.cpp (pch.py): the lite binding header, built at start-up;
    torch/extension.h's (~750 MB, ~30 s) only once some main.cpp falls back to the original.
 3. nvcc's host and device front ends run concurrently (nvcc_split.py): less wall time, same work.
@@ -76,6 +79,9 @@ log = logging.getLogger(__name__)
 LITE, ORIGINAL = header_tiers.LITE, header_tiers.ORIGINAL
 _TIERS = (header_tiers.LITE, header_tiers.TYPES)
 _ORIGINAL_PCH = ("#include <torch/extension.h>\n", "torch_extension_pch.h")
+# How a build moves between tiers and paths (which failure is final, which path is tried): part of
+# a build record's key, so that records made under other rules are not reused.
+_RULES = 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -191,9 +197,9 @@ class Compiler:
     self._arrivals = itertools.count(1)
     lite = (pathlib.Path(header_tiers.__file__).parent / "torch_lite.h").read_text()
     # Bounds and confinement change what a build may end as (a limit, a withheld diagnostic).
-    self._policy = objects_lib.digest("policy", header_tiers.VERSION, lite, self.tiers, self.main_tiers,
-                           use_pch, split_nvcc, confine,
-                           dataclasses.asdict(self.confinement.limits))
+    self._policy = objects_lib.digest("policy", header_tiers.VERSION, _RULES, lite, self.tiers,
+                                      self.main_tiers, use_pch, split_nvcc, confine,
+                                      dataclasses.asdict(self.confinement.limits))
     self.hits = 0
     self.misses = 0
 
@@ -513,8 +519,9 @@ class Compiler:
     variants, notes = header_tiers.plan(cuda_text, env, tiers)
     lite_log = None
     for tier, text in variants:
-      if tier == header_tiers.TYPES and lite_log is not None and not (
-          header_tiers.types_may_help(lite_log, env)):
+      if lite_log is not None and not header_tiers.heavier_may_help(lite_log, env):
+        if tier == ORIGINAL:  # it fails there the same way: the lite log is the build's
+          raise compile_procs.ProcessFailed(lite_log)
         notes[tier] = "not tried: the lite build failed only on names no torch header declares"
         continue
       cmd, module_id = self._cuda_command(flags, env, tier)

@@ -27,7 +27,7 @@ header the original opens is opened by the tier; for main.cpp, no header left ou
 pybind11, so bound functions convert their arguments as in the original). A source that compiles only with more
 declarations fails at a light tier and is rebuilt at the next one, ending at the original, so a
 source that builds in the naive path builds here, and one that fails everywhere gets the original's
-log. What remains is a source that compiles with fewer declarations yet means something else, or
+log (or the lite one, when no heavier header can remove its errors: `heavier_may_help`). What remains is a source that compiles with fewer declarations yet means something else, or
 nothing, with all of them. `refusal` keeps every such source we know of off the light tiers:
   - macros only the original defines (`#ifdef`, or a token that would expand);
   - `using namespace` and reopening at/torch/c10/std: unqualified lookup would see more names;
@@ -166,13 +166,14 @@ def refusal(cuda_text: str, tier: str, env: Environment) -> str | None:
   return None
 
 
-def types_may_help(lite_log: str, env: Environment) -> bool:
-  """Whether a failed lite build could build at the types tier.
+def heavier_may_help(lite_log: str, env: Environment) -> bool:
+  """Whether a failed lite build could build at a heavier tier (torch/types.h, or as written).
 
-  Ruled out: a missing or unreadable include file (torch/types.h changes no include path, nor
-  what a confined compiler may read), and a plain typo:
-  every error is an undefined identifier that appears nowhere in the original headers either (the
-  original build will fail the same way, and says so).
+  Ruled out: a missing or unreadable include file (no tier changes an include path, nor what a
+  confined compiler may read), and a plain typo: every error is an undefined identifier that
+  appears nowhere in the original headers either. Then the source as written fails the same
+  way, on the same lines (a tier keeps line numbers), and the compiler ends the build with the
+  lite log instead of compiling torch's whole headers to print it again (compiler.py).
   """
   if _MISSING_FILE_RE.search(lite_log):
     return False

@@ -52,15 +52,24 @@ PRIORITY: contextvars.ContextVar[int] = contextvars.ContextVar("compile_priority
 
 @dataclasses.dataclass
 class Trace:
-  """The processes one build ran: `steps` holds {step, start_s, queued_s, wall_s} dicts, times in
-  seconds from `start`."""
+  """The processes one build ran: `steps` holds {step, start_s, queued_s, wall_s, cpu_s, what}
+  dicts, times in seconds from `start`; `cpu_s` is the process tree's user + system time as the
+  exec wrapper measured it (absent where there is no wrapper, or it was killed); `what` is WHAT's
+  value (absent when empty)."""
   start: float = dataclasses.field(default_factory=time.monotonic)
   steps: list[dict] = dataclasses.field(default_factory=list)
 
-  def add(self, step: str, asked: float, began: float, ended: float) -> None:
+  def add(self, step: str, asked: float, began: float, ended: float,
+          cpu_s: float | None = None) -> None:
     self.steps.append({"step": step, "start_s": round(began - self.start, 3),
-                       "queued_s": round(began - asked, 3), "wall_s": round(ended - began, 3)})
+                       "queued_s": round(began - asked, 3), "wall_s": round(ended - began, 3),
+                       **({"cpu_s": round(cpu_s, 3)} if cpu_s is not None else {}),
+                       **({"what": WHAT.get()} if WHAT.get() else {})})
 
+
+# What the processes the current task runs compile, when not the build's own translation unit
+# ("batch": a batch's; "device", "host": the split path's halves), recorded with each step.
+WHAT: contextvars.ContextVar[str] = contextvars.ContextVar("compile_what", default="")
 
 # The trace of the build the current task works for (None: not traced). Tasks a build starts
 # inherit it, so a build's nvcc steps, main.cpp and link all land in one list.
@@ -168,10 +177,10 @@ class ProcessRunner:
     asked = time.monotonic()
     async with self._slots.hold(PRIORITY.get()):
       began = time.monotonic()
-      rc, text, limit = await self._spawn(argv, cwd, reads, shared)
+      rc, text, limit, cpu_s = await self._spawn(argv, cwd, reads, shared)
       trace = STEPS.get()
       if trace is not None:
-        trace.add(step or step_name(argv), asked, began, time.monotonic())
+        trace.add(step or step_name(argv), asked, began, time.monotonic(), cpu_s)
     if rc != 0 and echo:
       text = f"$ {shlex.join(argv)}\n{text}"
     if limit is not None:
@@ -180,8 +189,9 @@ class ProcessRunner:
     return rc, text
 
   async def _spawn(self, argv: list[str], cwd: pathlib.Path, reads: tuple[str, ...],
-                   shared: bool) -> tuple[int, str, limits_lib.Limit | None]:
-    """Runs one command to its end: (return code, raw output, the bound it went over)."""
+                   shared: bool) -> tuple[int, str, limits_lib.Limit | None, float | None]:
+    """Runs one command to its end: (return code, raw output, the bound it went over, the CPU
+    seconds the wrapper measured or None)."""
     confinement = self.confinement
     wrapped = confinement is not None and confinement.wrapper is not None
     cap = confinement.limits.output_bytes if confinement is not None else None  # never raised
@@ -229,7 +239,7 @@ class ProcessRunner:
       limit = limits_lib.Limit.OUTPUT
     elif proc.returncode != 0 and confinement is not None:
       limit = limits_lib.exceeded(usage, text, limits, events)
-    return proc.returncode, text, limit
+    return proc.returncode, text, limit, (usage.cpu_s if usage is not None else None)
 
 
 async def _reap(spawn: asyncio.Future) -> None:
