@@ -22,6 +22,7 @@ from verifier_service.compile import compiler as compile_lib
 from verifier_service.compile import confine as confine_lib
 from verifier_service.compile import diagnostics
 from verifier_service.compile import limits as limits_lib
+from verifier_service.compile import procs as compile_procs
 
 import verifier_kernels as kernels
 
@@ -208,6 +209,35 @@ def test_a_confined_process_reads_only_its_roots_and_reaches_nothing(toolchain, 
       assert proc.stdout.split("\n")[:3] == ["refused 13"] * 3, (proc.stdout, proc.stderr)
   finally:
     confinement.close()
+
+
+@pytest.mark.parametrize("limit, script", [
+    (limits_lib.Limit.PROCESSES, "i=0; while [ $i -lt 100 ]; do sleep 5 & i=$((i+1)); done; wait"),
+    (limits_lib.Limit.OUTPUT, "yes"),
+    (limits_lib.Limit.FILE_SIZE, "yes > big"),
+    (limits_lib.Limit.CPU, "while :; do :; done"),
+])
+def test_a_command_over_a_bound_raises_a_limit_naming_it(toolchain, tmp_path, limit, script):
+  """Through the compile stage's process runner (as every compiler command runs): a fork bomb,
+  endless output, an endless file and a busy loop each end at their bound, named."""
+  bounds = limits_lib.Limits(processes=16, output_bytes=1 << 20, file_bytes=1 << 20, cpu_s=2)
+  confinement = confine_lib.Confinement(tmp_path / "cache", toolchain.cuda_root, toolchain.cxx,
+                                        toolchain.build_env(), bounds)
+  if limit == limits_lib.Limit.PROCESSES and not (confinement.cgroups and confinement.cgroups.pids):
+    confinement.close()
+    pytest.skip(f"no pids cgroup here ({confinement.layers['processes']})")
+  runner = compile_procs.ProcessRunner(1, toolchain.build_env(), confinement=confinement)
+  work = tmp_path / "work"
+  work.mkdir()
+  start = time.monotonic()
+  try:
+    with pytest.raises(compile_procs.LimitExceeded) as over:
+      asyncio.run(runner.run(["/bin/sh", "-c", script], work))
+  finally:
+    confinement.close()
+  assert over.value.limit == limit, over.value.log[:500]
+  assert over.value.log.startswith(bounds.message(limit))
+  assert time.monotonic() - start < 60
 
 
 def test_a_host_that_cannot_confine_refuses_to_start_and_says_what_is_missing(

@@ -70,15 +70,13 @@ class Cgroups:
              for h in self.hierarchies]
     return "; ".join(parts)
 
-  @contextlib.asynccontextmanager
-  async def group(self, limits: limits_lib.Limits | None = None) -> AsyncIterator[list[str]]:
-    """Folders for one tree to join (bounded, empty). On exit, whatever of the tree is still
-    there (a cancelled command's processes, still dying) is killed and waited for, and the
-    folders are removed."""
+  def make(self, limits: limits_lib.Limits | None = None) -> list[pathlib.Path]:
+    """Folders for one tree to join, bounded by `limits` (default: the candidates'). Removes
+    what it made if one cannot be made."""
     limits = limits or self.limits
-    made = []
+    made: list[pathlib.Path] = []
+    name = f"c{next(self._ids)}"
     try:
-      name = f"c{next(self._ids)}"
       for h in self.hierarchies:
         folder = h.base / name
         folder.mkdir()
@@ -89,6 +87,19 @@ class Cgroups:
           _try_write(folder / "memory.oom.group", "1")
         if h.pids:
           (folder / "pids.max").write_text(str(limits.processes))
+    except OSError:
+      for folder in made:
+        _remove(folder)
+      raise
+    return made
+
+  @contextlib.asynccontextmanager
+  async def group(self, limits: limits_lib.Limits | None = None) -> AsyncIterator[list[str]]:
+    """`make`'s folders as paths to join. On exit, whatever of the tree is still there (a
+    cancelled command's processes, still dying) is killed and waited for, and the folders are
+    removed."""
+    made = self.make(limits)
+    try:
       yield [str(folder) for folder in made]
     finally:
       for folder in made:

@@ -222,6 +222,12 @@ class Confinement:
     else:
       layers["sandbox"] = ("off: UNCONFINED (compile_confine=False): compilers read any file the "
                            "verifier can and reach the network")
+    if self.wrapper is not None and self.cgroups is not None:
+      joined = self._probe_cgroups()
+      if joined:
+        log.warning("compile confinement: cgroups unused, a probe could not join one: %s", joined)
+        self.cgroups.close()
+        self.cgroups, cgroup_note = None, f"a probe could not join one: {joined}"
     limits = self.limits
     layers["memory"] = f"RLIMIT_DATA {limits_lib._size(limits.memory_bytes)} per process"  # pylint: disable=protected-access
     if self.cgroups is not None and self.cgroups.memory:
@@ -291,6 +297,21 @@ class Confinement:
       if all(v == "on" for v in layers.values()):
         layers["probe"] = f"off: the confined probe did not behave as confined: {full[:300]}"
       return layers
+
+  def _probe_cgroups(self) -> str:
+    """Runs /bin/true in a group, as every command would: "" or why it failed."""
+    try:
+      folders = self.cgroups.make()
+    except OSError as e:
+      return str(e)
+    try:
+      with tempfile.TemporaryDirectory(dir=self.folder, prefix="probe-") as work:
+        result = self._run_probe(self.argv(["/bin/true"], rw=work,
+                                           cgroups=[str(f) for f in folders]))
+    finally:
+      for folder in folders:
+        cgroups_lib._remove(folder)  # pylint: disable=protected-access
+    return "" if result.startswith("ok") else result
 
   def _run_probe(self, argv: list[str]) -> str:
     """'ok <output>' or why the wrapper failed."""

@@ -8,7 +8,7 @@
  *   -N  new network, PID, IPC and UTS namespaces (inside a new user namespace when not root): no
  *       interface but a loopback that is down, no other process addressable by pid, host name
  *       "dice-compile";
- *   -g  membership of a cgroup (its cgroup.procs file), joined before the fork;
+ *   -g  membership of a cgroup (its cgroup.procs file), joined first, before the namespaces;
  *   rlimits: -m data segment (RLIMIT_DATA), -t CPU seconds, -f file size, -p processes (RLIMIT_NPROC,
  *       which the kernel does not enforce for root), -o open files; no core files;
  *   an empty capability bounding set (root then gains no capability when it execs) and empty
@@ -19,8 +19,10 @@
  *   -s  a seccomp filter (raw BPF as libseccomp exports it; confine.py builds it with pyseccomp);
  *   -n  a nice increment.
  * Any layer asked for that cannot be applied stops the wrapper before COMMAND runs: the report
- * says "setup" and why (a close-on-exec pipe tells the wrapper whether the exec happened, so
- * nothing COMMAND prints can pass for a setup failure).
+ * says "setup" and why. The namespace's first process applies the layers and runs COMMAND as its
+ * own child (a PID namespace's init ignores SIGXCPU and SIGXFSZ), then tells the wrapper, on a
+ * pipe COMMAND never holds (close-on-exec), either why COMMAND did not start or how it ended, so
+ * nothing COMMAND prints can pass for a setup failure.
  *
  * -R FD: at the end the wrapper writes one line to FD:
  *   "exit CODE MAXRSS_KB USER_S SYS_S"  or  "signal SIG MAXRSS_KB USER_S SYS_S"  or  "setup WHY"
@@ -75,7 +77,7 @@ static int error_pipe = -1;
 /* Child side: reports why a layer failed through the close-on-exec pipe, then exits. */
 static void fail(const char *what) {
   char text[512];
-  int n = snprintf(text, sizeof text, "%s: %s", what, strerror(errno));
+  int n = snprintf(text, sizeof text, "E%s: %s", what, strerror(errno));
   if (error_pipe >= 0 && write(error_pipe, text, n) < 0) {
   }
   _exit(125);
@@ -186,6 +188,38 @@ static int load_bpf(const char *path, struct sock_fprog *prog) {
   return 0;
 }
 
+/* The namespace's first process (the PID namespace's init, which ignores every signal it has no
+ * handler for, SIGXCPU and SIGXFSZ included): runs the command as its child, so that the rlimits'
+ * signals reach it, and reports "S<wait status>" (or "E<why>" if it did not start) on the pipe. */
+static int run_command(char **command) {
+  int exec_pipe[2];
+  if (pipe2(exec_pipe, O_CLOEXEC) < 0) fail("pipe");
+  pid_t pid = fork();
+  if (pid < 0) fail("fork");
+  if (pid == 0) {
+    close(exec_pipe[0]);
+    prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
+    execvp(command[0], command);
+    char text[512];
+    int n = snprintf(text, sizeof text, "%s: %s", command[0], strerror(errno));
+    if (write(exec_pipe[1], text, n) < 0) {
+    }
+    _exit(127);
+  }
+  close(exec_pipe[1]);
+  char text[512];
+  ssize_t got = read(exec_pipe[0], text, sizeof text - 1);
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  char line[600];
+  int n = got > 0 ? snprintf(line, sizeof line, "E%.*s", (int)got, text)
+                  : snprintf(line, sizeof line, "S%d", status);
+  if (write(error_pipe, line, n) < 0) {
+  }
+  return got > 0 ? 125 : 0;
+}
+
 int main(int argc, char **argv) {
   int opt, report = -1, nice_level = 0, new_ns = 0;
   long long memory = -1, cpu = -1, fsize = -1, nproc = -1, nofile = -1;
@@ -220,14 +254,15 @@ int main(int argc, char **argv) {
   char why[512] = "";
   if (bpf_path && load_bpf(bpf_path, &prog) < 0)
     snprintf(why, sizeof why, "seccomp filter %s: %s", bpf_path, strerror(errno));
-  const char *ns = new_ns ? namespaces() : "";
-  if (ns[0]) snprintf(why, sizeof why, "%s: %s", ns, strerror(errno));
+  /* The cgroups first, as the caller's own user (a user namespace would change who writes). */
   for (int i = 0; i < n_cgroups && !why[0]; i++) {
     char procs[4096];
     snprintf(procs, sizeof procs, "%s/cgroup.procs", cgroups[i]);
     if (write_file(procs, "0") < 0)
       snprintf(why, sizeof why, "joining cgroup %s: %s", cgroups[i], strerror(errno));
   }
+  const char *ns = new_ns && !why[0] ? namespaces() : "";
+  if (ns[0]) snprintf(why, sizeof why, "%s: %s", ns, strerror(errno));
   if (why[0]) {
     if (out) fprintf(out, "setup %s\n", why);
     fprintf(stderr, "dice_confine: %s\n", why);
@@ -257,8 +292,7 @@ int main(int argc, char **argv) {
     if (n_ro + n_rw + n_dev > 0) landlock();
     if (prog.filter && prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog, 0, 0) < 0)
       fail("seccomp");
-    execvp(argv[optind], argv + optind);
-    fail(argv[optind]);
+    _exit(run_command(argv + optind));
   }
   close(pipe_fds[1]);
   signal(SIGINT, SIG_IGN);
@@ -267,6 +301,12 @@ int main(int argc, char **argv) {
   setup[got > 0 ? got : 0] = '\0';
   int status = 0;
   while (waitpid(child, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (got > 0 && setup[0] == 'S') { /* the command's own status, as its first process reported */
+    status = atoi(setup + 1);
+    got = 0;
+  } else if (got > 0 && setup[0] == 'E') {
+    memmove(setup, setup + 1, strlen(setup));
   }
   struct rusage use;
   getrusage(RUSAGE_CHILDREN, &use);
