@@ -17,7 +17,8 @@ every layer at the same nice level (how it starts them now), interleaved; prints
 differences per process and the ratios.
 
   python benchmarks/verifier_compile_limits.py --count 10            # the 10 largest sources
-  python benchmarks/verifier_compile_limits.py --count 0 --burst --jobs 16   # all 99, GPU box
+  python benchmarks/verifier_compile_limits.py --count 50 --jobs 16           # GPU box, in parts
+  python benchmarks/verifier_compile_limits.py --offset 50 --count 0 --burst --jobs 16
   python benchmarks/verifier_compile_limits.py --count 10 --original --overhead 0   # as written
   python benchmarks/verifier_compile_limits.py --overhead 50 --no-builds      # overhead only
 """
@@ -139,9 +140,9 @@ def _cpu_children() -> float:
   return usage.ru_utime + usage.ru_stime
 
 
-def _candidates(path: str, count: int, ids: str = "") -> list[tuple[str, str]]:
-  """(id, graded candidate) of DICE's phase-1 items the static checks accept, largest first
-  (only `ids`, comma-separated, when given)."""
+def _candidates(path: str, count: int, ids: str = "", offset: int = 0) -> list[tuple[str, str]]:
+  """(id, graded candidate) of DICE's phase-1 items the static checks accept, largest first,
+  from `offset` (only `ids`, comma-separated, when given)."""
   from verifier_service.compile import checks  # pylint: disable=import-outside-toplevel
   items = json.loads(pathlib.Path(path).read_text())
   out = []
@@ -153,6 +154,7 @@ def _candidates(path: str, count: int, ids: str = "") -> list[tuple[str, str]]:
     if checks.check_sources(item["pytorch_code"], source).outcome is None:
       out.append((str(item["id"]), source))
   out.sort(key=lambda pair: -len(pair[1]))
+  out = out[offset:]
   return out[:count] if count else out
 
 
@@ -181,7 +183,7 @@ async def _builds(args, toolchain, limits, rows: list[dict]) -> None:
   compiler = compile_lib.Compiler(toolchain, cache, max_jobs=args.jobs, limits=limits,
                                   light_headers=not args.original)
   skip = str(limits.shared().file_bytes)  # the shared builds' wrapper argument
-  pairs = _candidates(args.problems, args.count, args.ids)
+  pairs = _candidates(args.problems, args.count, args.ids, args.offset)
   exts = [(ident, checks.check_candidate(c).extensions[0]) for ident, c in pairs]
   try:
     for ident, ext in exts:
@@ -290,6 +292,8 @@ def main() -> None:
                       help="also build them all at once (batched translation units)")
   parser.add_argument("--overhead", type=int, default=20, metavar="N",
                       help="repetitions of the per-process overhead measurement (0: skip)")
+  parser.add_argument("--offset", type=int, default=0,
+                      help="skip the OFFSET largest sources first (to split the set across runs)")
   parser.add_argument("--ids", default="", help="only these DICE item ids (comma-separated)")
   parser.add_argument("--original", action="store_true",
                       help="build every source as written (no light header tiers): the fallback "
