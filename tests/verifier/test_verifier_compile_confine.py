@@ -263,8 +263,6 @@ def test_a_host_that_cannot_confine_refuses_to_start_and_says_what_is_missing(
     asyncio.run(compiler.close())
 
 
-@pytest.mark.xfail(strict=True, reason="service/scheduler.py does not yet pass ServerConfig."
-                   "compile_limits and compile_confine to its Compiler (a change outside compile/)")
 def test_the_servers_compile_settings_reach_its_compiler(toolchain, tmp_path):
   """`--compile-unconfined`, `--compile-memory` and `--compile-cpu` reach the server's compiler."""
   from verifier_service.service import config as config_lib  # pylint: disable=import-outside-toplevel
