@@ -13,9 +13,15 @@ import shutil
 import subprocess
 import sys
 
+import importlib.util
+
 import pytest
 
-import conftest
+# This directory's conftest.py, by path: `import conftest` names whichever of the suite's conftest
+# modules pytest imported last (tests/adversarial and tests/verifier have their own).
+_spec = importlib.util.spec_from_file_location("dice_tests_conftest", pathlib.Path(__file__).with_name("conftest.py"))
+conftest = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(conftest)
 
 _TEST = """\
 def test_reads_shared(shared_dir):
