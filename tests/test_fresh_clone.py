@@ -7,13 +7,12 @@ tests/conftest.py and one test that asks for `shared_dir`, with ../shared absent
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import pathlib
 import shutil
 import subprocess
 import sys
-
-import importlib.util
 
 import pytest
 
