@@ -3,7 +3,9 @@
 The short answer to "did it learn, what happened, and where did the time go": one row per
 curriculum phase (steps whose prompts were all phase 1, mixed, all phase 2) with mean reward,
 compile/correct rates, speedup, KL and entropy (the caption gives the verifier and the share of
-step time spent waiting on verdicts); then the count of each outcome per item phase over the run
+step time spent waiting on verdicts); then the first and the last step of each phase side by side
+(reward, format/compile/correct rates and every outcome's count: what changed within the run, as
+measured on that step's own responses); then the count of each outcome per item phase over the run
 (dice_jax.rewards.outcomes); and, when no response earned any reward, those counts in words. The
 metrics table MetricsLogger prints at close shows only SUMMARY_METRICS.
 """
@@ -58,6 +60,34 @@ def summary_table(history: Sequence[dict], verifier: str = "") -> Table:
   return table
 
 
+_FIRST_LAST_RATES = (("reward", "reward"), ("format", "format rate"), ("compile", "compile rate"),
+                     ("correct", "correct rate"))
+
+
+def first_last_table(history: Sequence[dict]) -> Table | None:
+  """The first and the last step of each curriculum phase side by side (None without history).
+
+  Rows are the mean reward, the format/compile/correct rates and the number of responses of each
+  outcome on that step; a column per (phase, step). Each step's figures are its own responses'."""
+  columns = []
+  for phase in ("phase 1", "mixed", "phase 2"):
+    rows = [r for r in history if _phase_of(r) == phase]
+    for position, record in (("first", rows[:1]), ("last", rows[1:][-1:])):
+      columns += [(f"{phase} {position}\nstep {r['step']}", r) for r in record]
+  if not columns:
+    return None
+  table = Table(title="first and last step of each phase")
+  table.add_column("", no_wrap=True)
+  for title, _ in columns:
+    table.add_column(title, justify="right")
+  for key, name in _FIRST_LAST_RATES:
+    table.add_row(name, *(f"{r[key]:.3f}" if key in r else "-" for _, r in columns))
+  labels = [name for name in outcomes.LABELS if any(r.get(f"outcomes/{name}") for _, r in columns)]
+  for name in labels:
+    table.add_row(name, *(str(int(r.get(f"outcomes/{name}", 0))) for _, r in columns))
+  return table
+
+
 def outcome_totals(history: Sequence[dict]) -> dict[int, dict[str, float]]:
   """{item phase: {label: responses}} summed over every logged step (dice_jax.rewards.outcomes)."""
   totals: dict[int, dict[str, float]] = {}
@@ -91,13 +121,29 @@ def zero_reward_note(totals: dict[int, dict[str, float]], run_dir: str) -> str:
   return note
 
 
+def warm_start_note(warm) -> str:
+  """One line on the warm start before RL (a dice_jax.rl.warm_start_run.WarmStartSummary)."""
+  loss = f", final SFT loss {warm.final_loss:.3f}" if warm.final_loss is not None else ""
+  tokens = f", a {warm.tokenizer_size}-token BPE fitted to them" if warm.tokenizer_size else ""
+  return (f"Warm start: {warm.steps} SFT steps on {warm.examples} examples of {warm.problems} problems{tokens}"
+          f"{loss} ({warm.seconds:.0f} s). RL problems the warm start never saw: {warm.rl_problems_unseen} of "
+          f"{warm.rl_problems}.")
+
+
 def print_summary(result, console: Console | None = None) -> None:
-  """The per-phase table, what happened to the responses, and, when no response earned any reward,
-  the outcome counts that say why (read from the verdicts, never guessed)."""
+  """The warm start (if any), the per-phase table, the first and last step of each phase, what
+  happened to the responses, and, when no response earned any reward, the outcome counts that say
+  why (read from the verdicts, never guessed)."""
   console = console or Console(stderr=True)
+  warm = getattr(result, "warm_start", None)
+  if warm is not None:
+    console.print(warm_start_note(warm), highlight=False)
   if not result.history:
     return
   console.print(summary_table(result.history, result.verifier))
+  first_last = first_last_table(result.history)
+  if first_last is not None:
+    console.print(first_last)
   totals = outcome_totals(result.history)
   if totals:
     console.print(outcome_table(totals))

@@ -29,12 +29,12 @@ from dice_jax.train.bpe_tokenizer import BASE_SIZE
 
 @dataclasses.dataclass(frozen=True)
 class WarmStartSection:
-  steps: int = 300  # SFT updates before RL when the model is random (model.init); 0: none
+  steps: int = 250  # SFT updates before RL when the model is random (model.init); 0: none
   # Problem sources whose known-good answers are the examples (phase-1 items: a prefix/middle/suffix).
   problems: tuple[str, ...] = ("bundled:elementwise_warmup",)
   tokenizer_size: int = 640  # fit a byte-level BPE of at most this many tokens; 0: keep model.tokenizer
   batch_size: int = 4  # examples per SFT update
-  max_length: int = 512  # tokens per example (prompt + answer + padding); longer ones are left out
+  max_length: int = 384  # tokens per example (prompt + answer + padding); longer ones are left out
   lr: float = 3.0e-3  # AdamW, constant after warmup_steps
   warmup_steps: int = 10
   seed: int = 0  # example order and noising
