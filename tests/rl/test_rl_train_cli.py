@@ -9,6 +9,7 @@ sharing a JAX compilation cache so that the resumed runs reuse the first run's c
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import pathlib
@@ -24,12 +25,14 @@ from safetensors.numpy import load_file
 
 from dice_jax.cli import plot as plot_cli
 from dice_jax.cli import train as train_cli
-from dice_jax.config import to_dict
+from dice_jax.config import to_dict, to_yaml
 from dice_jax.rl.config import RLConfig
 
 HERE = pathlib.Path(__file__).resolve().parent
 TIMEOUT_S = 420
-# The random model without its warm start (tests/rl/test_rl_default_learns.py runs that); four steps:
+# RLConfig()'s small run (not the built-in run, whose model and batches are larger), as a config file
+# (_small_config), with the random model and no warm start (tests/rl/test_rl_default_learns.py runs
+# the built-in run with its warm start); four steps:
 # two infilling, two end to end; a checkpoint every two; short prompts and responses; two sampler
 # calls of 4 rows per step.
 TEST_OVERRIDES = ["warm_start.steps=0", "data.phase1_files=[bundled:tiny]", "data.phase2_files=[bundled:tiny]",
@@ -44,7 +47,16 @@ def workdir(tmp_path_factory) -> pathlib.Path:
   root = tmp_path_factory.mktemp("rl_train")
   (root / "infill.yaml").write_text('system: null\nuser: "{scaffold}"\n')
   (root / "e2e.yaml").write_text('system: null\nuser: "{reference}"\n')
+  _small_config(root)
   return root
+
+
+def _small_config(folder: pathlib.Path) -> pathlib.Path:
+  """RLConfig()'s defaults without the warm start, as a --config file in `folder`."""
+  cfg = RLConfig()
+  path = folder / "small.yaml"
+  path.write_text(to_yaml(dataclasses.replace(cfg, warm_start=dataclasses.replace(cfg.warm_start, steps=0))))
+  return path
 
 
 def _env(workdir: pathlib.Path) -> dict[str, str]:
@@ -58,7 +70,8 @@ def _env(workdir: pathlib.Path) -> dict[str, str]:
 def _command(workdir: pathlib.Path, run_dir: pathlib.Path, *extra: str) -> list[str]:
   # -P: the working directory is not put on sys.path, as for the `dice` console script; the runs
   # start in HERE, so the user module rl_test_rewards.py is found as a user's would be (no PYTHONPATH).
-  return [sys.executable, "-P", "-m", "dice_jax.cli.main", "train", f"run_dir={run_dir}", *TEST_OVERRIDES,
+  return [sys.executable, "-P", "-m", "dice_jax.cli.main", "train", "--config", str(workdir / "small.yaml"),
+          f"run_dir={run_dir}", *TEST_OVERRIDES,
           f"data.infilling_template={workdir / 'infill.yaml'}", f"data.end_to_end_template={workdir / 'e2e.yaml'}",
           *extra]
 
@@ -182,8 +195,9 @@ def test_bad_configs_and_data_give_clear_errors(tmp_path, capsys):
       (["data.max_prompt_length=100", f"run_dir={tmp_path / 'r3'}"], "none of the 6 problems has a prompt"),
       (["rollout.batch_size=4", f"run_dir={tmp_path / 'r4'}"], "must be a multiple of the data x fsdp mesh size 8"),
   ]
+  small = str(_small_config(tmp_path))
   for overrides, message in cases:
-    assert _run_in_process(*overrides) == 2, overrides
+    assert _run_in_process("--config", small, *overrides) == 2, overrides
     assert message in capsys.readouterr().err, overrides
   assert _run_in_process("--config", str(tmp_path / "missing.yaml")) == 2
   assert "config file not found" in capsys.readouterr().err
@@ -191,7 +205,7 @@ def test_bad_configs_and_data_give_clear_errors(tmp_path, capsys):
 
 def test_tiny_yaml_is_the_built_in_default_and_recipes_load(tmp_path):
   root = pathlib.Path(__file__).resolve().parents[2]
-  assert train_cli.load(str(root / "configs" / "tiny.yaml"), []) == RLConfig()
+  assert train_cli.load(str(root / "configs" / "tiny.yaml"), []) == train_cli.load(None, [])
   (tmp_path / "p1.json").write_text("[]")
   (tmp_path / "p2.json").write_text("[]")
   for recipe in sorted((root / "configs").glob("dice_sdar_*.yaml")):
