@@ -66,6 +66,7 @@ VERIFY_BUDGET_BYTES = 128 << 20
 MIN_VERIFIED_CALLS = 4
 BATCH_CALLS = 20  # timed calls per side and turn: 10 trials (cold + warm)
 KEPT_BYTES = 512 << 20  # a batch's outputs each side keeps until the draw (bounds the batch)
+_READ_BYTES = 256 << 20  # timed outputs read back per round trip (at least one call's)
 
 
 class Ended(Exception):
@@ -371,8 +372,16 @@ class Judge:
       return [self.decode(self.spec, d, view[k * n:(k + 1) * n])[0] for k, d in enumerate(declared)]
 
     ok = lambda expect, got: got is not None and compare.compare(expect, got, *tol)[0]
-    early = read("early", list(range(len(calls))))
-    wrong = [k for k, got in enumerate(early) if not ok(expected[k], got)]
+    # As many calls per round trip as fit in _READ_BYTES, at least one: the candidate's process
+    # copies what it sends into host memory, so reading every kept call of a large problem at
+    # once would cost that process the sum of their outputs (its memory, not the candidate's).
+    per = max(1, _READ_BYTES // max(n, 1))
+    wrong: list[int] = []
+    for lo in range(0, len(calls), per):
+      group = list(range(lo, min(lo + per, len(calls))))
+      wrong = [k for k, got in zip(group, read("early", group)) if not ok(expected[k], got)]
+      if wrong:
+        break
     if not wrong:
       return
     k = wrong[0]
