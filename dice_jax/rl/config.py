@@ -1,9 +1,11 @@
-"""`dice train`'s configuration: one frozen dataclass per section, whose defaults ARE the `tiny` run.
+"""`dice train`'s configuration: one frozen dataclass per section.
 
-`RLConfig()` is the built-in default (`dice train` with no `--config`): a tiny random SDAR-layout
-model with the byte tokenizer, the problem set bundled with dice_jax, a verifier started on
-loopback, three phase-1 steps then three phase-2 steps. `configs/tiny.yaml` spells the same values
-out (a test keeps them equal); the SDAR recipes (`configs/dice_sdar_*.yaml`) override them.
+`RLConfig()`'s defaults are a small run that unit tests build configs from: a 64-wide random
+SDAR-layout model with the byte tokenizer, the problem set bundled with dice_jax (`bundled:tiny`),
+a verifier started on loopback, three phase-1 steps then three phase-2 steps. `dice train` with no
+`--config` applies `dice_jax.cli.train.BUILT_IN_RUN` on top of them (the built-in `tiny` run, warm
+start included), which `configs/tiny.yaml` spells out (tests/rl/test_rl_train_cli.py keeps the two
+equal); the SDAR recipes (`configs/dice_sdar_*.yaml`) override them.
 
 Sections (dotted `key=value` overrides address them): model, data, rollout, algo, train,
 curriculum, rewards, verifier, pipeline, kl_guard, optimizer, mesh, distributed, checkpoint, logging.
