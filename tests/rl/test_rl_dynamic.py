@@ -11,11 +11,12 @@ import numpy as np
 import pytest
 
 from dice.verifier.v1 import verifier_pb2 as pb
-from dice_jax.cli.train import load
+from dice_jax.config import load_config
 from dice_jax.data.rl_data import REWARD_COLUMNS, collate
 from dice_jax.rewards import candidates
 from dice_jax.rewards.shaping import RewardComponent, RewardShaper
 from dice_jax.rl import dynamic, rewarding
+from dice_jax.rl.config import RLConfig
 from dice_jax.rl.data import PromptBook
 from dice_jax.rl.rollout import RolloutEngine, eos_ids_for, sampler_config
 from dice_jax.sampler.config import resolve
@@ -25,6 +26,11 @@ from dice_jax.verifier.channels import ClientConfig
 from dice_jax.verifier.sync_client import VerifierClient
 
 G = 4
+
+
+def load(path, overrides):
+  """RLConfig()'s small run (not `dice train`'s built-in run, which is larger), then the overrides."""
+  return load_config(RLConfig, path, overrides)
 
 
 def test_informative_groups_follow_the_advantage_rule():

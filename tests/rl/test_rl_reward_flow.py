@@ -24,15 +24,21 @@ import numpy as np
 import pytest
 
 from dice.verifier.v1 import verifier_pb2 as pb
-from dice_jax.cli.train import load
+from dice_jax.config import load_config
 from dice_jax.data import problems as problems_lib
 from dice_jax.metrics_log import MetricsLogger
 from dice_jax.rewards import defaults, outcomes
 from dice_jax.rl import loop as loop_lib
 from dice_jax.rl import setup
 from dice_jax.rl.batch import RLBatch
+from dice_jax.rl.config import RLConfig
 from dice_jax.rl.rollout import RolloutEngine
 from dice_jax.train.optim import cast_floating
+
+
+def load(path, overrides):
+  """RLConfig()'s small run (not `dice train`'s built-in run, which is larger), then the overrides."""
+  return load_config(RLConfig, path, overrides)
 
 GEN = 768  # byte tokens: the problem's fenced answer (752 with <|im_end|>)
 PROBLEM = "tiny_relu"

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from dice.verifier.v1 import verifier_pb2 as pb
-from dice_jax.cli.train import load
+from dice_jax.config import load_config
+from dice_jax.rl.config import RLConfig
 from dice_jax.rl.data import PromptBook
 from dice_jax.rl.rollout import RolloutEngine, eos_ids_for, sampler_config
 from dice_jax.sampler.config import resolve
@@ -19,6 +20,11 @@ from dice_jax.train import model_setup
 from dice_jax.train.optim import cast_floating
 from dice_jax.verifier.channels import ClientConfig
 from dice_jax.verifier.sync_client import VerifierClient
+
+
+def load(path, overrides):
+  """RLConfig()'s small run (not `dice train`'s built-in run, which is larger), then the overrides."""
+  return load_config(RLConfig, path, overrides)
 
 
 @pytest.fixture(scope="module")
