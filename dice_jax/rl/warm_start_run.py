@@ -30,6 +30,7 @@ from dice_jax.data import prompts as prompts_lib
 from dice_jax.data.problems import Problem, load_problems
 from dice_jax.data.sft_data import SFTDataConfig
 from dice_jax.metrics_log import LoggingConfig
+from dice_jax.model.tokenizer import load_tokenizer
 from dice_jax.rewards.shaping import RewardComponent
 from dice_jax.rl.config import RLConfig
 from dice_jax.rl.data import PromptBook
@@ -138,6 +139,7 @@ def warm_start(cfg: RLConfig, run_dir: str, should_stop: Callable[[], bool]) -> 
   if w.tokenizer_size:
     texts = [turn["content"] for row in rows for turn in row["messages"]]
     tokenizer_dir = str(write_bpe_tokenizer(os.path.join(folder, "tokenizer"), texts, w.tokenizer_size))
+    _check_rl_prompts(cfg, load_tokenizer(tokenizer_dir))
   log.info("warm start: %d SFT steps on %d examples of %d problems (%s) before RL on %d problems, %d of them unseen",
            w.steps, len(rows), len(problems), ", ".join(w.problems), len(rl_ids), len(rl_ids - seen))
   result = run_sft(_sft_config(cfg, folder, examples_path, tokenizer_dir), should_stop=should_stop)
@@ -151,6 +153,16 @@ def warm_start(cfg: RLConfig, run_dir: str, should_stop: Callable[[], bool]) -> 
   with open(summary_path, "w", encoding="utf-8") as f:
     json.dump(dataclasses.asdict(summary), f, indent=1)
   return dataclasses.replace(cfg, model=_rl_model(cfg, result.hf_dir)), summary
+
+
+def _check_rl_prompts(cfg: RLConfig, tokenizer: Any) -> None:
+  """RL's prompt check (PromptBook.problems: some problem of each phase RL needs fits
+  data.max_prompt_length) with the fitted tokenizer, before the SFT rather than minutes after it."""
+  book, c = PromptBook(cfg.data, tokenizer), cfg.curriculum
+  if c.phase1_steps != 0:
+    book.problems(1, cfg.data.phase1_files)
+  if cfg.data.phase2_files:
+    book.problems(2, cfg.data.phase2_files)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -203,6 +203,16 @@ def test_bad_configs_and_data_give_clear_errors(tmp_path, capsys):
   assert "config file not found" in capsys.readouterr().err
 
 
+def test_the_built_in_run_checks_rl_prompts_before_its_warm_start(tmp_path, capsys):
+  """A prompt width no RL problem fits is reported once the warm start's tokenizer is fitted,
+  before its SFT (minutes on a laptop) starts: nothing of the SFT run is written."""
+  run_dir = tmp_path / "run"
+  assert _run_in_process(f"run_dir={run_dir}", "data.max_prompt_length=100") == 2
+  assert "none of the 8 problems has a prompt of at most data.max_prompt_length=100" in capsys.readouterr().err
+  assert (run_dir / "warm_start" / "tokenizer" / "tokenizer.json").is_file()
+  assert not (run_dir / "warm_start" / "checkpoints").exists()
+
+
 def test_tiny_yaml_is_the_built_in_default_and_recipes_load(tmp_path):
   root = pathlib.Path(__file__).resolve().parents[2]
   assert train_cli.load(str(root / "configs" / "tiny.yaml"), []) == train_cli.load(None, [])
