@@ -27,8 +27,9 @@ header the original opens is opened by the tier; for main.cpp, no header left ou
 pybind11, so bound functions convert their arguments as in the original). A source that compiles only with more
 declarations fails at a light tier and is rebuilt at the next one, ending at the original, so a
 source that builds in the naive path builds here, and one that fails everywhere gets the original's
-log (or the lite one, when no heavier header can remove its errors: `heavier_may_help`). What remains is a source that compiles with fewer declarations yet means something else, or
-nothing, with all of them. `refusal` keeps every such source we know of off the light tiers:
+log (or the lite one, when no heavier header can remove its errors: `heavier_may_help`). What
+remains is a source that compiles with fewer declarations yet means something else, or nothing,
+with all of them. `refusal` keeps every such source we know of off the light tiers:
   - macros only the original defines (`#ifdef`, or a token that would expand);
   - `using namespace` and reopening at/torch/c10/std: unqualified lookup would see more names;
   - (lite) functions or operators the source declares named like an ATen op: with all of ATen

@@ -68,7 +68,7 @@ class Trace:
 
 
 # What the processes the current task runs compile, when not the build's own translation unit
-# ("batch": a batch's; "device", "host": the split path's halves), recorded with each step.
+# ("batch": a batch's), recorded with each step.
 WHAT: contextvars.ContextVar[str] = contextvars.ContextVar("compile_what", default="")
 
 # The trace of the build the current task works for (None: not traced). Tasks a build starts
