@@ -252,10 +252,10 @@ async def _reap(spawn: asyncio.Future) -> None:
     os.killpg(proc.pid, signal.SIGKILL)
   except ProcessLookupError:
     pass
-  await proc.wait()
-  # Read to EOF so the pipe transport closes now, not when collected after the loop ends.
+  # Read to EOF, then wait (as in _read_capped).
   with contextlib.suppress(asyncio.TimeoutError):
     await asyncio.wait_for(proc.stdout.read(), 5)
+  await proc.wait()
 
 
 async def _read_capped(proc: asyncio.subprocess.Process, cap: int | None) -> tuple[bytes, bool]:
@@ -271,10 +271,13 @@ async def _read_capped(proc: asyncio.subprocess.Process, cap: int | None) -> tup
       chunks.append(chunk[:len(chunk) - (size - cap)])
       with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGKILL)
-      await proc.wait()
+      # To EOF, then wait: asyncio (3.11) answers wait() only once every pipe of the process
+      # has closed, and stops reading a pipe whose unread data passed the stream's limit, so
+      # waiting first on a process that filled its pipe never returns.
       with contextlib.suppress(asyncio.TimeoutError):
         while await asyncio.wait_for(proc.stdout.read(1 << 16), 5):
           pass
+      await proc.wait()
       return b"".join(chunks), True
     chunks.append(chunk)
   await proc.wait()
