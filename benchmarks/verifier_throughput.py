@@ -64,7 +64,7 @@ _NAIVE = textwrap.dedent("""
     import json, sys
     import torch  # noqa: F401
     from verifier_service.compile import checks
-    from verifier_service.run import worker
+    from verifier_service.worker import process as worker
     ref, cand, out, device, options = sys.argv[1:6]
     ref, cand = open(ref).read(), open(cand).read()
     report = checks.check_sources(ref, cand, allow_cpu_only=device == "cpu")  # cpu: tests only
@@ -278,7 +278,7 @@ _UNDER_LOCK = ("timing_setup", "timing_warmup", "timing_calls", "timing_keep")
 
 def _worker_parts(scheduler: scheduler_lib.Scheduler) -> dict[str, tuple[float, int]]:
   """(seconds, jobs) so far per part of a GPU slot's job (the dice_verifier_worker_seconds
-  histogram: run/worker.py `_timings`)."""
+  histogram: worker/process.py `_timings`)."""
   parts = {}
   for metric in scheduler.metrics.worker_seconds.collect():
     sums = {s.labels["part"]: s.value for s in metric.samples if s.name.endswith("_sum")}

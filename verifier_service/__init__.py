@@ -12,7 +12,7 @@ The folders follow a candidate through the stages and show where candidate code 
   singleflight.py  one task per key (compile and request deduplication)
 
 Never imports jax. service/ and compile/ never execute candidate code; only the forked children
-of the worker processes (run/worker.py) do. ARCHITECTURE.md, "Trust boundary", has the picture.
+of the worker processes (worker/process.py) do. ARCHITECTURE.md, "Trust boundary", has the picture.
 """
 
 import importlib.metadata

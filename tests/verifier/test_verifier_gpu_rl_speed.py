@@ -61,7 +61,7 @@ def _compute_pids() -> set[int]:
 
 
 def test_the_next_jobs_processes_hold_cuda_contexts_before_the_job(gpu):
-  """Between jobs each worker's waiting pair has made its CUDA contexts (run/pair.py), so a job
+  """Between jobs each worker's waiting pair has made its CUDA contexts (worker/pair.py), so a job
   starts on processes already set up; seen from the driver's list of compute processes."""
   assert gpu.verify(_request("gpu-ahead", kernels.cuda_candidate())).outcome == pb.OK
   time.sleep(3.0)

@@ -38,7 +38,7 @@ def _modules() -> list[str]:
 def test_every_module_imports():
   """In a fresh interpreter, so that nothing imported by earlier tests hides a missing import."""
   modules = _modules()
-  assert {"verifier_service.cli", "verifier_service.run.worker", "verifier_service.trusted.judge",
+  assert {"verifier_service.cli", "verifier_service.worker.process", "verifier_service.trusted.judge",
           "verifier_service.untrusted.child", "verifier_service.compile.compiler",
           "verifier_service.service.server"} <= set(modules)
   code = "import importlib, sys\nfor name in sys.argv[1:]:\n  importlib.import_module(name)\n"

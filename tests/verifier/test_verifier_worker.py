@@ -46,7 +46,7 @@ def _worker_seconds(srv) -> dict[str, tuple[float, float]]:
 def test_correct_candidate_passes_every_trial_and_is_timed(cpu_server):
   before = _worker_seconds(cpu_server)
   verdict = verify(cpu_server, "scaled_add")
-  # Where the slot's time went (run/worker._timings), one observation per part for this job; the
+  # Where the slot's time went (worker/process._timings), one observation per part for this job; the
   # parts lie inside the job's total and the total inside the slot's round trip.
   after = _worker_seconds(cpu_server)
   seconds = {p: after[p][0] - before[p][0] for p in after}
@@ -54,7 +54,7 @@ def test_correct_candidate_passes_every_trial_and_is_timed(cpu_server):
   assert 0 < seconds["judge_run"] < seconds["total"] <= seconds["slot"]
   assert seconds["fork"] + seconds["stage_modules"] + seconds["judge_start"] + seconds[
       "judge_run"] + seconds["exit"] <= seconds["total"]
-  # Its pair of processes was forked before the job came (run/pair.py): no fork in the job.
+  # Its pair of processes was forked before the job came (worker/pair.py): no fork in the job.
   assert seconds["fork"] < 0.05 and seconds["standby_age"] > 0
   # The judge's parts of its timing stage and after (trusted/judge.Judge.part).
   registry = cpu_server.scheduler.metrics.registry
@@ -190,7 +190,7 @@ def _children(slot) -> dict[int, str]:
 
 
 def test_the_next_jobs_processes_wait_ready_and_a_finished_jobs_are_gone(cpu_server):
-  """Between jobs each worker holds one pair of processes, forked and set up ahead (run/pair.py),
+  """Between jobs each worker holds one pair of processes, forked and set up ahead (worker/pair.py),
   in folders of their own with no job yet; a job takes its slot's pair, whose processes are gone
   once its verdict is back (killed after reporting, reaped by the worker), and a new pair waits."""
   slots = cpu_server.scheduler.pool.slots
@@ -278,7 +278,7 @@ def test_the_retry_waits_for_every_slot_of_its_device_and_gets_their_memory(cpu_
 
   waiting, held = cpu_server.call(scenario())
   assert waiting and sorted(s.name for s in held) == ["cpu/0", "cpu/1"]
-  from verifier_service.run import worker  # pylint: disable=import-outside-toplevel
+  from verifier_service.worker import process as worker  # pylint: disable=import-outside-toplevel
   spec = {"enabled": True, "gpu_memory_fraction": 0.1125, "judge_gpu_memory_fraction": 0.1125}
   assert worker._scaled(spec, 4) == dict(  # pylint: disable=protected-access
       spec, gpu_memory_fraction=0.45, judge_gpu_memory_fraction=0.45)

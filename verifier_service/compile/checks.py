@@ -10,7 +10,7 @@ private API from Python, TORCH_LIBRARY_IMPL / TORCH_LIBRARY_FRAGMENT / raw `torc
 namespace it did not define, in its C++: DISPATCH_OVERRIDE), never calls `load_inline`, passes it
 arguments we cannot resolve without running it, or compiles no CUDA `__global__` kernel that is launched anywhere (decoy kernels).
 
-`allow_cpu_only` exists for the worker's CPU test mode (see `run/worker.py`): there a candidate
+`allow_cpu_only` exists for the worker's CPU test mode (see `worker/process.py`): there a candidate
 whose load_inline has only C++ sources is accepted so worker logic can be exercised without a GPU.
 """
 

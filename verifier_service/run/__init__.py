@@ -1,12 +1,11 @@
-"""Stages 3 and 4 across the trust boundary: the worker process and what both sides share.
+"""What both sides of the trust boundary share in stages 3 and 4, below both of them.
 
-- `worker.py`: one process per GPU slot; forks the judge (trusted/) and the candidate's process
-  (untrusted/) for each job, serves both, and merges their reports into a verdict.
 - `sandbox.py`: what each forked child may do (namespaces, rlimits, Landlock, seccomp).
 - `wire.py`: the bytes that cross between the two children.
 - `job.py`: the options a job runs with (`JobOptions`), typed on both sides of the worker boundary.
-- `problem.py`, `ops.py`, `timing.py`, `policy.py`: what both sides compute alike (inputs from
-  seeds, op families, the timer, who did the work).
+- `problem.py`, `ops.py`, `timing.py`, `policy.py`, `budget.py`: what both sides compute alike
+  (inputs from seeds, op families, the timer, who did the work, the run stage's time budget).
 
-Nothing here except worker.py imports either side (tests check it).
+Nothing here imports either side: the worker that forks both is above them (verifier_service/worker/;
+tests/test_import_direction.py checks it).
 """

@@ -89,7 +89,7 @@ class ServerConfig:
   compile_confine: bool = True
   compile_limits: compile_limits_lib.Limits = dataclasses.field(
       default_factory=compile_limits_lib.Limits)
-  # --- the run stage at RL speed (run/budget.py, run/worker.py, service/text_key.py) ---
+  # --- the run stage at RL speed (run/budget.py, worker/process.py, service/text_key.py) ---
   # The run stage's budget scaled to the reference's measured time: at least run_budget_floor_s
   # per stretch of a job, a candidate call allowed run_budget_slowdown x the reference's until its
   # own pace is known; run_timeout_s stays the ceiling. 0: run_timeout_s alone.
@@ -97,7 +97,7 @@ class ServerConfig:
   run_budget_slowdown: float = 20.0
   # Each worker forks the next job's pair of processes while a job runs, and lets it make its CUDA
   # contexts once that job's timing is over; a finished job's processes exit after its verdict is
-  # sent (run/pair.py). False: fork per job, reap before the verdict.
+  # sent (worker/pair.py). False: fork per job, reap before the verdict.
   standby_processes: bool = True
   # Verdicts kept by program (service/text_key.py: the same problem, options and candidate but
   # for comments and layout); 0: only exact resends of a request id are answered from a cache.

@@ -18,7 +18,7 @@ class Metrics:
         registry=self.registry)
     self.worker_seconds = prom.Histogram(
         "dice_verifier_worker_seconds",
-        "Where a GPU slot's time per job went (run/worker.py _timings; slot: the whole job as the "
+        "Where a GPU slot's time per job went (worker/process.py _timings; slot: the whole job as the "
         "server saw it).", ["part"], buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 40),
         registry=self.registry)
     self.verdict_seconds = prom.Histogram(

@@ -1,4 +1,4 @@
-"""Server side of the GPU worker processes: N slots per GPU, each one `run/worker.py` process.
+"""Server side of the GPU worker processes: N slots per GPU, each one `worker/process.py` process.
 
 A slot runs one job at a time. It enforces the run stage's time limit by killing the process
 groups of the job's two children (the judge and the candidate's process; the worker stays up),
@@ -68,7 +68,7 @@ class WorkerSlot:
 
   async def start(self) -> None:
     self._proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "verifier_service.run.worker", "--device", self.device,
+        sys.executable, "-m", "verifier_service.worker", "--device", self.device,
         "--sandbox", json.dumps(self.sandbox),
         stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, env=self._env,
         limit=_STREAM_LIMIT, start_new_session=True)
@@ -153,7 +153,7 @@ class WorkerSlot:
               on_phase(phase)
           elif kind == "done":
             verdict = _classify(message, phase, limit if limit.killed_at else None)
-            # where the slot's time went (run/worker._timings), plus the round trip to it
+            # where the slot's time went (worker/process._timings), plus the round trip to it
             verdict["worker_timings"] = dict(message.get("worker_timings") or {},
                                              slot=time.monotonic() - written)
             return verdict

@@ -1,6 +1,6 @@
 """The trusted side of the trust boundary: code that decides verdicts, never beside candidate code.
 
-- `judge.py`: the judge process of each job (forked by run/worker.py beside the candidate's
+- `judge.py`: the judge process of each job (forked by worker/process.py beside the candidate's
   process): the reference's outputs and timings, inputs regenerated from seeds, and the
   comparison of the candidate's outputs, which arrive as bytes (run/wire.py).
 - `compare.py`: the comparison rules, run only in the judge.

@@ -122,7 +122,7 @@ class Judge:
 
   def part(self, name: str, since: float) -> float:
     """Adds the seconds since `since` to part `name` of the report's `timing_parts` (where the
-    timing stage's time goes: the worker passes them on with its own, run/worker._timings)."""
+    timing stage's time goes: the worker passes them on with its own, worker/process._timings)."""
     now = time.monotonic()
     self.parts[name] = self.parts.get(name, 0.0) + now - since
     return now
@@ -461,7 +461,7 @@ class Judge:
 
 
 def setup(device_name: str, fraction: float) -> dict[str, str]:
-  """The judge's trusted setup, before its job (run/pair.py): one CPU thread, and on a GPU its
+  """The judge's trusted setup, before its job (worker/pair.py): one CPU thread, and on a GPU its
   CUDA context and memory cap. Returns the Verdict environment fields (GPU name and arch)."""
   device = torch.device(device_name)
   torch.set_num_threads(1)

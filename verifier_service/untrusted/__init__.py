@@ -5,6 +5,6 @@ functions, torch's operator registrations, memory). So nothing here decides a ve
 the judge's commands with bytes (the candidate's outputs) and reports evidence against the
 candidate (exploit findings, torch ops, kernel launches) that the trusted side weighs.
 
-- `child.py`: the candidate's process of each job (forked by run/worker.py beside the judge).
+- `child.py`: the candidate's process of each job (forked by worker/process.py beside the judge).
 - `guards.py`, `probes.py`, `dispatch.py`: observers and tripwires that run beside the candidate.
 """

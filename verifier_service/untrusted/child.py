@@ -1,6 +1,6 @@
 """The candidate's process: the only code that executes candidate Python or loads its kernels.
 
-Forked by the worker (run/worker.py) from a process that imported torch once; it has its own
+Forked by the worker (worker/process.py) from a process that imported torch once; it has its own
 session, working folder and stdout, is sandboxed (run/sandbox.py) before any problem or candidate
 code runs, and exits after this one job. Nothing here decides a verdict. It answers the judge's
 commands (trusted/judge.py) over the boundary socket, sending the candidate's outputs as bytes
@@ -131,7 +131,7 @@ def prepare_worker() -> None:
 
 def trusted_setup(device_name: str, fraction: float) -> dict[str, str]:
   """Everything that needs more than the sandbox allows, done before it is applied and before
-  the job is known (run/pair.py). Returns the Verdict environment fields (GPU name and arch)."""
+  the job is known (worker/pair.py). Returns the Verdict environment fields (GPU name and arch)."""
   device = torch.device(device_name)
   torch.set_num_threads(1)
   from torch.utils import cpp_extension  # pylint: disable=import-outside-toplevel,unused-import

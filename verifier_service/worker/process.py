@@ -1,6 +1,6 @@
 """A worker process: imports torch once, then forks two sandboxed children per job, ahead of it.
 
-Run as `python -m verifier_service.run.worker --device cuda` with CUDA_VISIBLE_DEVICES naming one GPU
+Run as `python -m verifier_service.worker --device cuda` with CUDA_VISIBLE_DEVICES naming one GPU
 (the pool does this, one process per slot). Protocol: one JSON object per line. Jobs arrive on
 stdin; messages leave on the process's original stdout, which is kept private (fd 1 is pointed
 at stderr so that stray prints cannot corrupt it, and job children never inherit it):
@@ -31,7 +31,7 @@ down; torch's import cost (seconds) is paid once per slot, not per job. The job'
 copied from the compile cache into the candidate's folder: the children never need to see the
 cache.
 
-Ahead of the job (run/pair.py): while a job runs, the next job's pair is already forked and makes
+Ahead of the job (worker/pair.py): while a job runs, the next job's pair is already forked and makes
 its CUDA contexts once the running judge's timing is over (`standby`, on unless the spec says
 otherwise), and a finished job's processes exit after its verdict is sent, not before. A job whose
 sandbox settings differ from the slot's (a retry alone on its GPU, with every slot's memory) gets
@@ -57,7 +57,7 @@ import time
 from typing import Any, TextIO
 
 from verifier_service.run import job as job_lib
-from verifier_service.run import pair as pair_lib
+from verifier_service.worker import pair as pair_lib
 from verifier_service.run import sandbox
 
 JUDGE, CANDIDATE = pair_lib.JUDGE, pair_lib.CANDIDATE

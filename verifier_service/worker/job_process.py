@@ -1,6 +1,6 @@
 """The body of a job's forked process (the judge or the candidate's), up to its job and through it.
 
-Forked by run/pair.py from the worker (torch imported, no CUDA). It enters its namespaces, keeps
+Forked by worker/pair.py from the worker (torch imported, no CUDA). It enters its namespaces, keeps
 only its own descriptors, moves into its own folder, and waits on its start pipe: `s` makes its
 trusted setup (what needs more than the sandbox allows: CUDA context, memory cap, imports;
 trusted/judge.setup, untrusted/child.trusted_setup), `g` starts the job the worker wrote into

@@ -1,7 +1,7 @@
-"""A job's two processes, the judge and the candidate's, from fork to reaping (run/worker.py drives them).
+"""A job's two processes, the judge and the candidate's, from fork to reaping (worker/process.py drives them).
 
 Both are forked from the worker (torch imported, no CUDA) and share only one socket. Each waits
-on its start pipe (run/job_process.py): `s` makes its trusted setup, `g` starts the job the worker
+on its start pipe (worker/job_process.py): `s` makes its trusted setup, `g` starts the job the worker
 wrote into its folder; end of file on the pipe ends a pair that was never used.
 
 Decision: a pair is forked ahead of its job (the worker's standby), and the worker tells it to set
@@ -32,7 +32,7 @@ from typing import Any, Callable, TextIO
 
 from verifier_service import enums
 from verifier_service.run import job as job_lib
-from verifier_service.run import job_process
+from verifier_service.worker import job_process
 from verifier_service.run import sandbox
 
 LOG_TAIL_BYTES = 4096
