@@ -41,10 +41,20 @@ with all of them. `refusal` keeps every such source we know of off the light tie
 torch::tensor and torch::from_blob (own semantics: dtype inference, deleters) and every factory
 the lite tier does not wrap are deleted, so `torch::tensor(...)` cannot silently become
 `at::tensor(...)`; calls to torch:: factories resolve against torch's own overload set.
+
+The lite tier's factory ops are listed once, as torch_lite.h's `#include <ATen/ops/NAME.h>` lines:
+LITE_FACTORIES is read from them, and tier_environment.py keeps torch's own wrapper for exactly
+those torch:: factories (tests/verifier/test_verifier_lite_factories.py checks both).
+Decision: VERSION (part of every environment's cache key and of the compiler's object policy) is
+a digest of torch_lite.h and of the code of this module and tier_environment.py (their syntax
+trees, so comments and layout do not count), not a number bumped by hand: a change to the header,
+the op list, the rules or the generated text cannot keep a stale key. A docstring edit costs one
+rebuild of the header environments and a cold object cache, which is cheaper than a wrong hit.
 """
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import hashlib
 import json
@@ -53,7 +63,6 @@ import re
 
 LITE, TYPES, ORIGINAL = "lite", "types", "original"
 BINDING = "binding"  # the level of load_inline's main.cpp (tier_environment.py)
-VERSION = 2  # bump when the generated text or the rules change (part of the cache key)
 
 _HEAVY_RE = re.compile(r'^[ \t]*#[ \t]*include[ \t]*[<"](torch/extension\.h|torch/torch\.h|'
                        r'torch/types\.h|ATen/ATen\.h)[>"][^\n]*$', re.M)
@@ -214,9 +223,35 @@ def plan(text: str, env: Environment | None, tiers: tuple[str, ...] = (LITE, TYP
 
 
 def environment_key(fingerprint: str, argv: list[str], level: str) -> str:
-  """Cache key of an environment: toolchain, compiler command, level, rules and lite header."""
-  lite = (pathlib.Path(__file__).parent / "torch_lite.h").read_text()
-  blob = json.dumps([VERSION, fingerprint, argv, level, lite])
+  """Cache key of an environment: toolchain, compiler command, level, and VERSION (which covers
+  the rules, the generated text and the lite header)."""
+  blob = json.dumps([VERSION, fingerprint, argv, level])
   return hashlib.sha256(blob.encode()).hexdigest()
+
+
+_HERE = pathlib.Path(__file__).parent
+LITE_HEADER = _HERE / "torch_lite.h"
+# The modules whose code decides what a tier holds and which sources may use it.
+RULE_MODULES = (pathlib.Path(__file__), _HERE / "tier_environment.py")
+_FACTORY_INCLUDE_RE = re.compile(r"^[ \t]*#[ \t]*include[ \t]*<ATen/ops/(\w+)\.h>", re.M)
+
+
+def lite_factories(lite_text: str) -> tuple[str, ...]:
+  """The lite tier's factory ops: every `#include <ATen/ops/NAME.h>` of torch_lite.h, in order."""
+  names = tuple(_FACTORY_INCLUDE_RE.findall(lite_text))
+  if not names or len(set(names)) != len(names):
+    raise ValueError(f"torch_lite.h must include each factory op's ATen/ops header once: {names}")
+  return names
+
+
+def content_version(lite_text: str, rule_sources: list[str]) -> str:
+  """A digest of the lite header, its factory ops and the rules' code (syntax trees only)."""
+  trees = [ast.dump(ast.parse(source)) for source in rule_sources]
+  blob = json.dumps([lite_factories(lite_text), lite_text, trees])
+  return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+LITE_FACTORIES = lite_factories(LITE_HEADER.read_text())
+VERSION = content_version(LITE_HEADER.read_text(), [path.read_text() for path in RULE_MODULES])
 
 

@@ -8,6 +8,10 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/core/LegacyTypeDispatch.h>
 #include <ATen/Dispatch.h>
+// The lite tier's factory ops: each `#include <ATen/ops/NAME.h>` below declares at::NAME, and
+// header_tiers.LITE_FACTORIES is read from these lines (tier_environment.py keeps torch::NAME's
+// own wrapper for exactly these). The cache keys follow: header_tiers.VERSION is a digest of
+// this file.
 #include <ATen/ops/arange.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
