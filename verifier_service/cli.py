@@ -294,9 +294,9 @@ def _read(path: pathlib.Path) -> str:
   try:
     return path.read_bytes().decode("utf-8")
   except OSError as e:
-    raise SystemExit(_usage_error(f"cannot read {path}: {e.strerror}"))
+    raise SystemExit(_usage_error(f"cannot read {path}: {e.strerror}")) from None
   except UnicodeDecodeError as e:
-    raise SystemExit(_usage_error(f"{path} is not UTF-8 text: {e}"))
+    raise SystemExit(_usage_error(f"{path} is not UTF-8 text: {e}")) from None
 
 
 def _read_candidate(path: pathlib.Path) -> tuple[str | None, str]:

@@ -31,7 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
       description="Train diffusion language models to write CUDA kernels (bi-phase RL), and evaluate them.",
   )
   subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
-  for name, module_name in COMMANDS.items():
+  for module_name in COMMANDS.values():
     module = importlib.import_module(f"dice_jax.cli.{module_name}")
     sub = module.add_parser(subparsers)
     sub.set_defaults(_run=module.run)

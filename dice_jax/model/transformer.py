@@ -159,7 +159,8 @@ class Transformer(nnx.Module):
       return jax.lax.scan(body, x_BxLxD, (layer_state, kv_prefix))
     kvs = []
     for i in range(cfg.num_layers):
-      x_BxLxD, kv = body(x_BxLxD, jax.tree.map(lambda a: a[i], (layer_state, kv_prefix)))
+      # The lambda runs at once, inside this iteration: it cannot see a later `i`.
+      x_BxLxD, kv = body(x_BxLxD, jax.tree.map(lambda a: a[i], (layer_state, kv_prefix)))  # noqa: B023
       kvs.append(kv)
     return x_BxLxD, (jax.tree.map(lambda *a: jnp.stack(a), *kvs) if return_kv else None)
 

@@ -44,7 +44,6 @@ from flax import nnx
 
 from dice.verifier.v1 import verifier_pb2 as pb
 from dice_jax import distributed, sharding
-from dice_jax.checkpoints import Checkpointer
 from dice_jax.config import to_yaml
 from dice_jax.data.rl_data import REWARD_COLUMNS, collate
 from dice_jax.metrics_log import MetricsLogger, truncate_jsonl

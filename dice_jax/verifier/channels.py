@@ -113,7 +113,7 @@ class Target:
   def __init__(self, address: str, config: ClientConfig):
     self.address = address
     backoff_ms = int(config.backoff_max_s * 1000)
-    options = [
+    options: list[tuple[str, int | str]] = [
         ("grpc.max_send_message_length", _MAX_MESSAGE_BYTES),
         ("grpc.max_receive_message_length", _MAX_MESSAGE_BYTES),
         # Notice a restarted server within our own backoff, not gRPC's default of up to 120 s.

@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import hashlib
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Set as AbstractSet
 from typing import Generic, Protocol, TypeVar
 
 
@@ -63,7 +63,7 @@ class Router(Generic[J]):
   def __len__(self) -> int:
     return sum(len(q) for q in self._queues.values())
 
-  def home(self, problem: str, avoid: set[str] = frozenset()) -> str:
+  def home(self, problem: str, avoid: AbstractSet[str] = frozenset()) -> str:
     """The first target of the problem's order that is live and not in `avoid` (else the first
     not in `avoid`, else the first)."""
     order = rendezvous(problem, self._queues)

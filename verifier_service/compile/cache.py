@@ -41,7 +41,7 @@ import pathlib
 import re
 import shutil
 import time
-from typing import Callable, Iterator
+from typing import AbstractSet, Callable, Iterator
 
 log = logging.getLogger(__name__)
 
@@ -134,7 +134,7 @@ def remove(path: pathlib.Path) -> None:
 
 
 def prune(cache_dir: pathlib.Path, keep_bytes: int, min_age_s: float = MIN_AGE_S,
-          protect: set[pathlib.Path] = frozenset(),
+          protect: AbstractSet[pathlib.Path] = frozenset(),
           above: int | None = None) -> tuple[int, int, int]:
   """Deletes least-recently-used entries until the prunable parts hold at most `keep_bytes` (only
   if they hold more than `above`, when given); never entries used within `min_age_s` or in

@@ -22,6 +22,7 @@ import json
 import math
 import socket
 import struct
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -53,7 +54,7 @@ class Channel:
   def __init__(self, sock: socket.socket):
     self.sock = sock
 
-  def send(self, header: dict[str, Any], buffers: list[Any] = ()) -> None:
+  def send(self, header: dict[str, Any], buffers: Sequence[Any] = ()) -> None:
     views = [memoryview(b).cast("B") for b in buffers]
     header = dict(header, nbytes=sum(v.nbytes for v in views))
     data = json.dumps(header).encode()

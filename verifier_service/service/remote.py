@@ -104,7 +104,7 @@ class RemoteVerifier:
     self.info: pb.ServerInfo | None = None
 
   async def __aenter__(self) -> RemoteVerifier:
-    options = [("grpc.max_send_message_length", _MAX_MESSAGE_BYTES),
+    options: list[tuple[str, int | str]] = [("grpc.max_send_message_length", _MAX_MESSAGE_BYTES),
                ("grpc.max_receive_message_length", _MAX_MESSAGE_BYTES)]
     if self.settings.tls_server_name:
       options.append(("grpc.ssl_target_name_override", self.settings.tls_server_name))

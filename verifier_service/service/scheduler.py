@@ -44,6 +44,7 @@ from verifier_service import singleflight
 from verifier_service.compile import checks
 from verifier_service.compile import compiler as compile_lib
 from verifier_service.compile import toolchain as toolchain_lib
+from verifier_service.run import job as job_lib
 from verifier_service.service import config as config_lib
 from verifier_service.service import metrics as metrics_lib
 from verifier_service.service import pool as pool_lib
@@ -251,7 +252,7 @@ class Scheduler:
   def _end(self, verdict: pb.Verdict, outcome: int, stage: int, message: str) -> None:
     verdict.outcome, verdict.stage, verdict.message = outcome, stage, message
 
-  async def _stages(self, request: pb.VerifyRequest, options: dict[str, Any],
+  async def _stages(self, request: pb.VerifyRequest, options: job_lib.JobOptions,
                     verdict: pb.Verdict) -> None:
     t = time.monotonic()
     report = checks.check_sources(request.reference_source, request.candidate_source,

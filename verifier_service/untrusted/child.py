@@ -134,7 +134,7 @@ def trusted_setup(device_name: str, fraction: float) -> dict[str, str]:
   the job is known (worker/pair.py). Returns the Verdict environment fields (GPU name and arch)."""
   device = torch.device(device_name)
   torch.set_num_threads(1)
-  from torch.utils import cpp_extension  # pylint: disable=import-outside-toplevel,unused-import
+  from torch.utils import cpp_extension  # noqa: F401  # pylint: disable=import-outside-toplevel,unused-import
   prepare_worker()  # a no-op after the worker's own call
   if device.type != "cuda":
     return {}

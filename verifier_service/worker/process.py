@@ -89,7 +89,7 @@ def serve(device: str, out: TextIO, sandbox_spec: dict[str, Any]) -> None:
   """
   import torch  # pylint: disable=import-outside-toplevel
   # Imported once here, inherited by every job's processes.
-  from verifier_service.trusted import judge, verdict  # pylint: disable=import-outside-toplevel,unused-import
+  from verifier_service.trusted import judge, verdict  # noqa: F401  # pylint: disable=import-outside-toplevel,unused-import
   from verifier_service.untrusted import child  # pylint: disable=import-outside-toplevel
   child.prepare_worker()
   sandbox_spec = dict(sandbox_spec, read_only=sandbox.default_read_only(
