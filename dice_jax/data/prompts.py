@@ -159,7 +159,7 @@ explanations.""")
 
 @dataclasses.dataclass(frozen=True)
 class TargetSpec:
-  """What the kernels are for; fills the {target} paragraph (issue 8 sets these per request)."""
+  """What the kernels are for; fills the {target} paragraph (set per request)."""
 
   arch: str | None = None        # "sm_90"
   precision: str | None = None   # "fp32" | "fp16" | "bf16"

@@ -67,7 +67,7 @@ def parse_python(source: str, filename: str = "<unknown>") -> ast.Module:
   3.11's AST constructor keeps one depth counter per interpreter: a parse in another thread, or
   one run by a finalizer during a collection, shifts it under a parse in progress, which then
   fails with "SystemError: AST constructor recursion depth mismatch" (python/cpython#106905).
-  Seen once in CI (2026-12-01, in a layout test's parse); which of the two it was there is not
+  Seen once in CI (in a layout test's parse); which of the two it was there is not
   known, so both are excluded."""
   with _PARSE_LOCK:
     enabled = gc.isenabled()

@@ -11,7 +11,7 @@ Only the call lies between the events: the flush, the synchronisations and our P
 Reported per side and condition: median (the figure speedups use), mean, min, max, p10, p90,
 stddev.
 
-What the old timer got wrong (issue 16): it recorded the end event after a device-wide
+What an earlier timer got wrong: it recorded the end event after a device-wide
 synchronisation, so each sample also held the host waking from that synchronisation, the Python
 around it and the event's submission, with the GPU idle: ~80 us per call on the H200 box, which
 pushed every speedup of a small kernel towards 1. benchmarks/verifier_timing.py measures this
@@ -35,7 +35,7 @@ gave them could differ by that much for no reason of their own. The two sides ne
 moved from 0.84 to 0.90 of KernelBench's (median of 20 DICE pairs) and the worst pair's gap
 halved. The verdict's `timing_lock` says where it ran ("held; on cpu 15").
 
-Measured on an H200 (2026-12-01, RELIABILITY.md "Timing method"): the verdicts' times are above
+Measured on an H200 (RELIABILITY.md, "Timing method"): the verdicts' times are above
 what this timer gives in a plain process at 1 slot as at 4, so concurrency is not what separates
 them; a torch.profiler session run earlier in the same process (it was the candidate's kernel-share
 probe, which now runs after timing) added 22-83 us to every later call of a launch-bound model.
@@ -110,7 +110,7 @@ def on_core(core: int | None) -> Iterator[str]:
 def warm_up(fn: Callable[[], Any], max_calls: int = 10_000, min_s: float = WARMUP_S) -> int:
   """Calls `fn` (which waits for its own work) at least WARMUP_CALLS times and for at least
   `min_s` seconds; returns the number of calls. Time-based, as triton's do_bench warms up: after
-  the idle gaps between jobs the GPU's first calls ran up to 1.4x slower (H200, 2026-12-01,
+  the idle gaps between jobs the GPU's first calls ran up to 1.4x slower (H200,
   benchmarks/verifier_timing_env.py), and three calls did not cover that. Without an idle gap
   (`GpuLock.warmup_s`) `min_s` is HANDOVER_WARMUP_S."""
   start, calls = time.perf_counter(), 0
@@ -234,6 +234,6 @@ class GpuLock:
   def warmup_s(self) -> float:
     """How long to warm up under the lock: HANDOVER_WARMUP_S when `handed_over`, else WARMUP_S.
 
-    Decision (issue 16): with several slots per GPU, timing stages queue for the lock back to back,
+    Decision: with several slots per GPU, timing stages queue for the lock back to back,
     and 2 x WARMUP_S per job was about half of each one's time holding it."""
     return HANDOVER_WARMUP_S if self.handed_over else WARMUP_S

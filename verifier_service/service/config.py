@@ -76,7 +76,7 @@ class ServerConfig:
   # CUDA allocator cap of each candidate process; 0: 0.45 / slots_per_gpu. The judge process of
   # each slot (the reference's side of the trust boundary) gets the same cap: it holds the reference,
   # its inputs and outputs and the candidate's outputs it compares, and at 0.3 / 4 slots (10.5 GiB)
-  # it ran out of memory on a DICE item on an H200 (2026-12-01).
+  # it ran out of memory on a DICE item on an H200.
   gpu_memory_fraction: float = 0.0
   # Both sides of a job time on one CPU core (run/timing.py, `timing_core`); False: wherever the
   # scheduler puts them.

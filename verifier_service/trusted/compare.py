@@ -86,7 +86,7 @@ def _chunks(ref: torch.Tensor, cand: torch.Tensor) -> Iterator[tuple[torch.Tenso
 
   Decision: the judge's temporaries stay a few hundred MiB whatever the output's size. Whole-tensor
   float casts and masks of DICE 3497's 1G-element output took the judge past 57 GiB of GPU memory
-  (H200, 2026-12-02), beyond even a whole GPU's judge share at two slots."""
+  (H200), beyond even a whole GPU's judge share at two slots."""
   r, c = ref.reshape(-1), cand.reshape(-1)
   for start in range(0, r.numel(), CHUNK):
     yield r[start:start + CHUNK], c[start:start + CHUNK]

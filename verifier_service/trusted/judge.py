@@ -313,7 +313,7 @@ class Judge:
     """The candidate's kernels and their share of the GPU time, then the policy on that work
     split. Decision: after timing, not before. A torch.profiler session with CUDA activity
     (CUPTI) added 22-83 us to every later call of a launch-bound model in its process (H200,
-    2026-12-01, benchmarks/verifier_timing_env.py), which inflated the candidate's times against
+    benchmarks/verifier_timing_env.py), which inflated the candidate's times against
     the reference's; a first session after timing works inside the sandbox. The cost: a
     candidate the policy rejects is timed first."""
     reply, _ = self.ask({"op": "profile", "seed": self.seed + 1})

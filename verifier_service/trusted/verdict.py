@@ -36,7 +36,7 @@ from verifier_service.trusted import exploits
 
 # Internal key of a merged verdict (never sent): the run deserves a retry alone on its GPU.
 SHORT_OF_MEMORY = "short_of_memory"
-# Decision (2026-12-03): a candidate's process that ran out of GPU memory on a problem whose own
+# Decision: a candidate's process that ran out of GPU memory on a problem whose own
 # inputs and outputs take at least this part of its share may have run out of memory that is ours
 # to give. Besides the candidate's work the verifier keeps several output-sized tensors there (the
 # allocator's NaN blocks, the outputs it encodes, the caching probe's two calls): DICE 3497 (4.5 GB

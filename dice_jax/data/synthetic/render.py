@@ -14,7 +14,7 @@ Decision: no `#include <torch/extension.h>` in `source`: load_inline already put
 answers use. Shorter, and cheaper to verify: a source at the `torch/types.h` level that fails to
 compile is final after the verifier's light-header attempt and one `torch/types.h` build, while one
 including torch/extension.h is rebuilt with that whole header before COMPILE_ERROR is final
-(measured on the 2-core CPU VM, 2026-12-01: ~7 vs ~18 CPU-s per broken candidate; ~11 CPU-s per
+(measured on the 2-core CPU VM: ~7 vs ~18 CPU-s per broken candidate; ~11 CPU-s per
 good one either way).
 """
 
