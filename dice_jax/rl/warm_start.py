@@ -34,7 +34,7 @@ class WarmStartSection:
   problems: tuple[str, ...] = ("bundled:elementwise_warmup",)
   tokenizer_size: int = 640  # fit a byte-level BPE of at most this many tokens; 0: keep model.tokenizer
   batch_size: int = 4  # examples per SFT update
-  max_length: int = 384  # tokens per example (prompt + answer + padding); longer ones are left out
+  max_length: int = 400  # tokens per example (prompt + answer + padding); longer ones are left out
   lr: float = 3.0e-3  # AdamW, constant after warmup_steps
   warmup_steps: int = 10
   seed: int = 0  # example order and noising

@@ -10,6 +10,11 @@ then runs `dice sft`'s loop (checkpoints/, metrics.jsonl, tensorboard/, hf/) and
 `summary.json`. RL then runs from `warm_start/hf` exactly as from any checkpoint (`model.path`), so
 the RL code knows nothing of warm starts, and its resolved config.yaml says where the model came from.
 
+Decision: the SFT scores the answer, not the padding after it (`pad_in_loss=False`). A phase-1
+answer of the built-in run is about 20 tokens in a 400-token row; with the padding scored, the
+warm-started model learnt that the pad token (an end token of the sampler) fills most positions and
+stopped in the middle of the statement. The answer's own end-of-turn token still teaches it to stop.
+
 Resumable: a rerun skips a warm start whose summary.json exists and resumes an interrupted one from
 its checkpoint; a stop (Ctrl-C, SIGTERM) during it saves, and the result says so, as RL's would.
 """
@@ -98,7 +103,8 @@ def _sft_config(cfg: RLConfig, folder: str, examples_path: str, tokenizer_dir: s
   model = dataclasses.replace(cfg.model, init=init, tokenizer=tokenizer_dir or cfg.model.tokenizer)
   return SFTConfig(
       model=model, run_dir=folder,
-      data=SFTDataConfig(train_files=(examples_path,), max_length=w.max_length, batch_size=w.batch_size, seed=w.seed),
+      data=SFTDataConfig(train_files=(examples_path,), max_length=w.max_length, batch_size=w.batch_size, seed=w.seed,
+                         pad_in_loss=False),
       train=SFTTrainConfig(steps=w.steps, seed=w.seed),
       optimizer=OptimizerConfig(lr=w.lr, schedule="constant", warmup_steps=w.warmup_steps, weight_decay=0.0,
                                 max_grad_norm=1.0),
