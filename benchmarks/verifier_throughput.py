@@ -64,6 +64,8 @@ _NAIVE = textwrap.dedent("""
     import json, sys
     import torch  # noqa: F401
     from verifier_service.compile import checks
+    from verifier_service.run import envelope
+    from verifier_service.run.job import JobOptions
     from verifier_service.worker import process as worker
     ref, cand, out, device, options = sys.argv[1:6]
     ref, cand = open(ref).read(), open(cand).read()
@@ -79,9 +81,10 @@ _NAIVE = textwrap.dedent("""
         result = {"outcome": "COMPILE_ERROR" if building else "RUNTIME_ERROR",
                   "message": str(e)[-300:]}
     else:
-      done = worker.run_job({"job_id": "naive", "reference_source": ref, "candidate_source": cand,
-                             "modules": None, "kernel_names": report.kernel_names,
-                             "options": json.loads(options), "device": device})
+      job = envelope.Job(job_id="naive", reference_source=ref, candidate_source=cand,
+                         options=JobOptions.from_json(json.loads(options)), modules=None,
+                         kernel_names=tuple(report.kernel_names))
+      done = worker.run_job(job, device)
       result = done.get("result") or {"outcome": "INFRA_ERROR",
                                       "message": f"no verdict: {done.get('status')}"}
       if "Error building extension" in result.get("message", ""):

@@ -10,6 +10,7 @@ that breaks verifier code in its own process, the policy switch).
 from __future__ import annotations
 
 import ast
+import dataclasses
 import json
 import math
 import pathlib
@@ -25,6 +26,7 @@ import torch
 from dice.verifier.v1 import verifier_pb2 as pb
 
 from verifier_service.compile import checks
+from verifier_service.run import envelope
 from verifier_service.run import ops
 from verifier_service.run import policy
 from verifier_service.run import wire
@@ -181,10 +183,29 @@ _CAND_OK = {"finished": True, "error": None, "infra": "", "findings": [],
             "forward_ops": ["aten::empty_like x5"]}
 
 
-def _merge(judge=None, cand=None, loading=True, status=None, cand_status=None, violations=()):
-  return verdict.merge(_OPTIONS, {"report": judge, "status": status or {"exit_code": 0}},
-                       {"report": cand, "status": cand_status or {"exit_code": 0},
-                        "loading": loading, "log_tail": "tail"}, list(violations))
+def _judge_report(fields: dict | None) -> envelope.JudgeReport | None:
+  """The report the worker reads from the judge's line (the fields a test leaves out default)."""
+  if fields is None:
+    return None
+  defaults = envelope.JudgeReport(stage="STAGE_LOAD", outcome=None).to_json()
+  return envelope.JudgeReport.from_json({**defaults, **fields})
+
+
+def _cand_report(fields: dict | None) -> envelope.CandidateReport | None:
+  if fields is None:
+    return None
+  evidence = fields.get("evidence")
+  if evidence is not None:
+    fields = dict(fields, evidence={**dataclasses.asdict(envelope.Evidence()), **evidence})
+  return envelope.CandidateReport.from_json({**envelope.CandidateReport().to_json(), **fields})
+
+
+def _merge(judge=None, cand=None, loading=True, status=None, cand_status=None, violations=(),
+           refused=""):
+  return verdict.merge(_OPTIONS, {"report": _judge_report(judge), "status": status or {"exit_code": 0}},
+                       {"report": _cand_report(cand), "status": cand_status or {"exit_code": 0},
+                        "loading": loading, "log_tail": "tail", "refused": refused},
+                       list(violations))
 
 
 def test_ok_needs_the_judge_to_finish_and_the_candidate_to_report():
@@ -202,18 +223,29 @@ def test_infra_error_only_for_failures_candidate_code_cannot_have_caused():
   claims = dict(_CAND_OK, infra="CUDA unavailable")
   assert _merge(_JUDGE_OK, claims, loading=False)["outcome"] == "INFRA_ERROR"
   assert _merge(_JUDGE_OK, claims, loading=True)["outcome"] == "RUNTIME_ERROR"
-  broke = dict(_CAND_OK, error={"outcome": "INFRA_ERROR", "message": "verifier code raised"})
+  broke = dict(_CAND_OK, error={"outcome": "INFRA_ERROR", "message": "verifier code raised",
+                                "out_of_memory": False})
   assert _merge(_JUDGE_OK, broke)["outcome"] == "RUNTIME_ERROR"
 
 
 def test_the_candidates_report_cannot_break_or_bend_the_verdict():
-  # An unhashable kind raised TypeError in the merge: the worker died and the job was INFRA_ERROR.
-  forged = dict(_CAND_OK, findings=[["NOT_AN_EXPLOIT", "x"], ["MONKEY_PATCH", "y" * 10_000], 7,
-                                    [["MONKEY_PATCH"], "z"], [{"k": 1}, "w"]],
-                evidence={"own_fraction": 7.0, "launched": "all", "compute_ops": {"a": "b"}})
-  merged = _merge(_JUDGE_OK, forged)
+  # Of the report's types, but bent: an unknown kind, a huge evidence string, a share above 1.
+  bent = dict(_CAND_OK, findings=[["NOT_AN_EXPLOIT", "x"], ["MONKEY_PATCH", "y" * 10_000]],
+              evidence={"own_fraction": 7.0, "compute_ops": {}})
+  merged = _merge(_JUDGE_OK, bent)
   assert [f["kind"] for f in merged["exploits"]] == ["MONKEY_PATCH"]
+  assert len(merged["exploits"][0]["evidence"]) == 500
   assert merged["outcome"] == "REJECTED" and merged["custom_kernel_time_fraction"] == 1.0
+  # Not of its types (an unhashable kind once raised TypeError in the merge: the worker died and
+  # the job was INFRA_ERROR): refused where the worker reads it, so that process has no report,
+  # and the verdict says why.
+  for broken in (dict(_CAND_OK, findings=[7]), dict(_CAND_OK, findings=[[["MONKEY_PATCH"], "z"]]),
+                 dict(_CAND_OK, evidence={"launched": "all"}),
+                 dict(_CAND_OK, evidence={"compute_ops": {"a": "b"}})):
+    with pytest.raises(ValueError, match=r"CandidateReport\.(findings|evidence)"):
+      _cand_report(broken)
+  refused = _merge(_JUDGE_OK, None, refused="CandidateReport.findings[0]: expected a list, got int")
+  assert refused["outcome"] == "RUNTIME_ERROR" and "report_refused" in refused["message"]
   stopped = dict(_JUDGE_OK, outcome=None, candidate_ended="it stopped")
   assert _merge(stopped, _CAND_OK)["outcome"] == "RUNTIME_ERROR"
   found = dict(_CAND_OK, findings=[["DISPATCH_OVERRIDE", "aten::add.Tensor: CPU: candidate.py:3"]])
@@ -233,10 +265,11 @@ def test_running_out_of_memory_on_a_large_problem_asks_for_a_run_alone():
   short = _merge(ended, oom)
   assert short["outcome"] == "RUNTIME_ERROR" and short[verdict.SHORT_OF_MEMORY] is True
   small = dict(ended, memory={"problem_bytes": 3_000_000_000, "share_bytes": 15_700_000_000})
-  claimed = dict(oom, error=dict(oom["error"], out_of_memory="yes"))
+  with pytest.raises(ValueError, match=r"error.out_of_memory: expected bool, got str"):
+    _cand_report(dict(oom, error=dict(oom["error"], out_of_memory="yes")))  # refused when read
   no_share = dict(ended, memory={"problem_bytes": 4_500_000_000, "share_bytes": 0})
   wrong = dict(ended, outcome="INCORRECT", message="trial 1: wrong")
-  for judge, cand in ((small, oom), (ended, claimed), (no_share, oom), (wrong, oom),
+  for judge, cand in ((small, oom), (no_share, oom), (wrong, oom),
                       (ended, dict(oom, error=dict(oom["error"], out_of_memory=False)))):
     merged = _merge(judge, cand)
     assert verdict.SHORT_OF_MEMORY not in merged, (judge["memory"], cand["error"])

@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import dataclasses
 import itertools
 import json
 import logging
@@ -34,6 +35,7 @@ import time
 from typing import Any, Callable
 
 from verifier_service import enums
+from verifier_service.run import envelope
 from verifier_service.trusted import exploits
 
 log = logging.getLogger(__name__)
@@ -108,7 +110,7 @@ class WorkerSlot:
       raise WorkerDied(f"worker {self.name} exited (code {self._proc.returncode})")
     return json.loads(line)
 
-  async def run(self, job: dict[str, Any], timeout_s: float,
+  async def run(self, job: envelope.Job, timeout_s: float,
                 on_phase: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Runs one job; always returns a Verdict-shaped dict.
 
@@ -123,7 +125,7 @@ class WorkerSlot:
         if self._proc is None or self._proc.returncode is not None:
           await self.restart()
         written = time.monotonic()
-        self._proc.stdin.write((json.dumps(job) + "\n").encode())
+        self._proc.stdin.write((job.dumps() + "\n").encode())
         await self._proc.stdin.drain()
         limit.start()
         while True:
@@ -138,13 +140,13 @@ class WorkerSlot:
             message = await asyncio.wait_for(self._read(), remaining)
           except asyncio.TimeoutError:
             continue
-          if message.get("job_id") != job["job_id"]:
+          if message.get("job_id") != job.job_id:
             continue
           accepted = True
           kind = message["type"]
           if kind == "started":
             children = list(message.get("pids", [message["pid"]]))
-            self.running = job["job_id"]
+            self.running = job.job_id
           elif kind == "budget":
             limit.tighten(message.get("seconds"), message.get("why", ""))
           elif kind == "phase":
@@ -167,7 +169,7 @@ class WorkerSlot:
       except asyncio.CancelledError:
         # The request went away (deadline): kill its children so the slot is free for the next job.
         try:
-          await asyncio.wait_for(self._abort(job["job_id"], children), _KILL_GRACE_S)
+          await asyncio.wait_for(self._abort(job.job_id, children), _KILL_GRACE_S)
         except (asyncio.TimeoutError, WorkerDied, json.JSONDecodeError):
           await self.stop()
         raise
@@ -284,7 +286,7 @@ class WorkerPool:
   async def stop(self) -> None:
     await asyncio.gather(*(slot.stop() for slot in self.slots))
 
-  async def run(self, job: dict[str, Any], timeout_s: float,
+  async def run(self, job: envelope.Job, timeout_s: float,
                 on_phase: Callable[[str], None] | None = None,
                 exclusive: bool = False) -> dict[str, Any]:
     """Runs `job` on the next free slot. `exclusive`: alone on its device instead, once every slot
@@ -297,9 +299,8 @@ class WorkerPool:
     slot = held[0]
     self.running += 1
     try:
-      job = dict(job, job_id=f"{slot.name}#{next(self._ids)}")
-      if exclusive:
-        job["memory_scale"] = len(held)
+      job = dataclasses.replace(job, job_id=f"{slot.name}#{next(self._ids)}",
+                                memory_scale=len(held) if exclusive else 1)
       result = await slot.run(job, timeout_s, on_phase)
       result["stage_timings"] = [{"stage": enums.STAGE_QUEUE, "duration_s": waited}] + result.get(
           "stage_timings", [])

@@ -44,6 +44,7 @@ from verifier_service import singleflight
 from verifier_service.compile import checks
 from verifier_service.compile import compiler as compile_lib
 from verifier_service.compile import toolchain as toolchain_lib
+from verifier_service.run import envelope
 from verifier_service.run import job as job_lib
 from verifier_service.service import config as config_lib
 from verifier_service.service import metrics as metrics_lib
@@ -288,11 +289,12 @@ class Scheduler:
                 "compiled; this server has no GPU, so load, correctness and timing were not run")
       return
 
-    job = {"reference_source": request.reference_source,
-           "candidate_source": request.candidate_source,
-           "modules": {ext.fingerprint: b.so_path for ext, b in zip(report.extensions, builds)},
-           "kernel_names": report.kernel_names, "options": options.to_json(),
-           "kernel_namespaces": [b.namespace for b in builds if b.namespace]}
+    job = envelope.Job(
+        job_id="", reference_source=request.reference_source,
+        candidate_source=request.candidate_source, options=options,
+        modules={ext.fingerprint: b.so_path for ext, b in zip(report.extensions, builds)},
+        kernel_names=tuple(report.kernel_names),
+        kernel_namespaces=tuple(b.namespace for b in builds if b.namespace))
     for attempt in (1, 2):
       verdict.attempts = attempt
       t = time.monotonic()

@@ -38,6 +38,7 @@ never arrives ends the run as the candidate's failure; the judge never raises fo
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import random
 import secrets
@@ -49,6 +50,7 @@ import torch
 
 from verifier_service import enums
 from verifier_service.run import budget as budget_lib
+from verifier_service.run import envelope as envelope_lib
 from verifier_service.run import job as job_lib
 from verifier_service.run import ops
 from verifier_service.run import policy
@@ -86,11 +88,11 @@ class Ended(Exception):
 class Judge:
   """One job, seen from the trusted side."""
 
-  def __init__(self, job: dict[str, Any], chan: wire.Channel,
+  def __init__(self, envelope: envelope_lib.Envelope, chan: wire.Channel,
                emit: Callable[[dict[str, Any]], None]):
-    self.job, self.chan, self.emit = job, chan, emit
-    self.device = torch.device(job["device"])
-    self.opts = job_lib.JobOptions.from_json(job["options"])
+    self.job, self.share, self.chan, self.emit = envelope.job, envelope.share, chan, emit
+    self.device = torch.device(envelope.device)
+    self.opts = envelope.job.options
     precision = self.opts.precision
     self.dtype = None if precision == enums.FP32 else problem.DTYPES[precision]
     self.seed = self.opts.seed
@@ -127,20 +129,19 @@ class Judge:
     self.parts[name] = self.parts.get(name, 0.0) + now - since
     return now
 
-  def memory(self) -> dict[str, int]:
+  def memory(self) -> envelope_lib.Memory:
     """Bytes of the problem's own tensors (the largest trial's inputs and the reference's
     outputs) and of the memory the candidate's process may hold on this device: its GPU share
     (the allocator cap the worker set: a fraction of the GPU) or, on the CPU test device, its
     RLIMIT_DATA; 0 where neither is set."""
-    spec = self.job.get("sandbox", {})
     if self.device.type == "cuda":
       total = torch.cuda.get_device_properties(self.device).total_memory
-      fraction = spec.get("gpu_memory_fraction", 0.0)
+      fraction = self.share.gpu_memory_fraction
       share = int(total * fraction) if 0.0 < fraction < 1.0 else total
     else:
-      share = int(spec.get("memory_bytes", 0)) if spec.get("enabled") else 0
-    return {"problem_bytes": self.input_bytes + wire.payload_bytes(self.spec),
-            "share_bytes": share}
+      share = self.share.memory_bytes if self.share.sandboxed else 0
+    return envelope_lib.Memory(problem_bytes=self.input_bytes + wire.payload_bytes(self.spec),
+                               share_bytes=share)
 
   def sync(self) -> None:
     if self.device.type == "cuda":
@@ -181,7 +182,7 @@ class Judge:
 
   def load_reference(self) -> None:
     try:
-      ref = problem.exec_module("dice_reference", self.job["reference_source"],
+      ref = problem.exec_module("dice_reference", self.job.reference_source,
                                 problem.REFERENCE_FILE)
       sys.modules.pop("dice_reference", None)
       self.get_inputs = ref.get_inputs
@@ -489,11 +490,12 @@ def _finish(chan: wire.Channel, largest: int) -> None:
     pass
 
 
-def run(job: dict[str, Any], chan: wire.Channel, emit: Callable[[dict[str, Any]], None],
-        lock_down: Callable[[], dict[str, str]], set_up: dict[str, Any]) -> dict[str, Any]:
+def run(envelope: envelope_lib.Envelope, chan: wire.Channel,
+        emit: Callable[[dict[str, Any]], None], lock_down: Callable[[], dict[str, str]],
+        set_up: dict[str, Any]) -> envelope_lib.JudgeReport:
   """The trusted side of one job; returns the judge's report for the worker. `set_up` is what
   `setup` returned before the job ({"environment": ...}), or why it failed ({"error": ...})."""
-  judge = Judge(job, chan, emit)
+  judge = Judge(envelope, chan, emit)
   result = judge.result
   emit({"phase": enums.STAGE_LOAD})
   try:
@@ -511,8 +513,7 @@ def run(job: dict[str, Any], chan: wire.Channel, emit: Callable[[dict[str, Any]]
     judge.correctness()
     judge.probes()
     if not judge.opts.skip_timing:
-      core = timing.timing_core(judge.device) if job.get("sandbox", {}).get(
-          "timing_core", True) else None
+      core = timing.timing_core(judge.device) if envelope.share.timing_core else None
       mark = time.monotonic()
       judge.budget(budget_lib.lock_wait(judge.opts))
       with gpu_lock.held() as state, timing.on_core(core) as where:
@@ -537,8 +538,11 @@ def run(job: dict[str, Any], chan: wire.Channel, emit: Callable[[dict[str, Any]]
   stage = result["stage"]
   judge.enter(enums.STAGE_DONE)  # closes the stage that was running
   result["stage"] = enums.STAGE_DONE if result["outcome"] == enums.OK else stage
-  result["findings"] = [list(f) for f in result["findings"]]
   result["timing_parts"] = judge.parts
+  memory = None
   with contextlib.suppress(Exception):  # no CUDA (judge setup failed): nothing to weigh
-    result["memory"] = judge.memory()
-  return result
+    memory = dataclasses.asdict(judge.memory())
+  # Checked here as the worker will check it: a field this run left out takes its default.
+  return envelope_lib.JudgeReport.from_json(
+      {**envelope_lib.JudgeReport(stage=result["stage"], outcome=None).to_json(), **result,
+       "memory": memory})

@@ -27,9 +27,11 @@ scheduler then runs the job once more alone on its GPU, and that run's verdict s
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from verifier_service import enums
+from verifier_service.run import envelope
 from verifier_service.run import job as job_lib
 from verifier_service.run import policy
 from verifier_service.trusted import exploits
@@ -60,8 +62,11 @@ def _tail(text: str) -> str:
 
 def _candidate_failure(cand: dict[str, Any], stage: str) -> tuple[str, str, list] | None:
   """(outcome, message, findings) when the candidate's process ended the run, else None."""
-  report, status = cand.get("report"), cand.get("status", {})
-  if not report:
+  report: envelope.CandidateReport | None = cand.get("report")
+  status = cand.get("status", {})
+  if report is None:
+    if cand.get("refused"):
+      status = dict(status, report_refused=cand["refused"])
     if not cand.get("loading"):
       return enums.INFRA_ERROR, (f"the candidate's process failed before the candidate was loaded "
                              f"({status}): {_tail(cand.get('log_tail', ''))}"), []
@@ -76,56 +81,52 @@ def _candidate_failure(cand: dict[str, Any], stage: str) -> tuple[str, str, list
     return enums.RUNTIME_ERROR, (f"the candidate's process exited ({status}) without reporting, in "
                              f"{stage}: {_tail(cand.get('log_tail', ''))}"), [
                                  (enums.CRASH, f"exited with {status} in {stage}")]
-  if report.get("infra"):  # only credible before candidate code could have written the report
+  if report.infra:  # only credible before candidate code could have written the report
     outcome = enums.RUNTIME_ERROR if cand.get("loading") else enums.INFRA_ERROR
-    return outcome, f"candidate's process: {report['infra']}", []
-  if report.get("error"):
-    return report["error"]["outcome"], report["error"]["message"], []
+    return outcome, f"candidate's process: {report.infra}", []
+  if report.error is not None:
+    return report.error.outcome, report.error.message, []
   return None
 
 
-def _strings(value: Any, limit: int) -> list[str]:
-  return [str(v)[:300] for v in value][:limit] if isinstance(value, list) else []
+def _strings(value: tuple[str, ...], limit: int) -> tuple[str, ...]:
+  return tuple(v[:300] for v in value[:limit])
 
 
-def _untrusted(report: Any) -> dict[str, Any]:
-  """The candidate's report, reduced to well-formed fields: its process may have written anything
-  into it, and nothing it wrote may break the verdict (an unknown exploit name, a huge list)."""
-  if not isinstance(report, dict):
-    return {}
-  findings = [(f[0], str(f[1])[:500]) for f in report.get("findings") or []
-              if isinstance(f, (list, tuple)) and len(f) == 2 and isinstance(f[0], str)
-              and f[0] in enums.EXPLOITS][:32]
-  raw = report.get("evidence") if isinstance(report.get("evidence"), dict) else {}
-  own = raw.get("own_fraction")
-  compute = raw.get("compute_ops") if isinstance(raw.get("compute_ops"), dict) else {}
-  evidence = {
-      "launched": _strings(raw["launched"], 64) if isinstance(raw.get("launched"), list) else None,
-      "own_fraction": min(1.0, max(0.0, float(own))) if isinstance(own, (int, float)) else None,
-      "library": [(str(n)[:200], float(d)) for n, d in (raw.get("library") or [])[:3]
-                  if isinstance(d, (int, float))] if isinstance(raw.get("library"), list) else [],
-      "compute_ops": {str(k)[:120]: int(v) for k, v in list(compute.items())[:256]
-                      if isinstance(v, int)},
-      "kernel_names": _strings(raw.get("kernel_names"), 64),
-      "foreign_kernels": _strings(raw.get("foreign_kernels"), 8),
-      "note": str(raw.get("note") or "")[:300]}
-  error = report.get("error")
-  return {"findings": findings, "evidence": evidence if raw else {},
-          "forward_ops": _strings(report.get("forward_ops"), 64),
-          "infra": str(report.get("infra") or "")[:500],
-          "error": {"outcome": enums.RUNTIME_ERROR, "message": str(error.get("message", ""))[:2000],
-                    "out_of_memory": error.get("out_of_memory") is True}
-                   if isinstance(error, dict) else None}
+def _untrusted(report: envelope.CandidateReport | None) -> envelope.CandidateReport | None:
+  """The candidate's report with its values bounded: its process may have written anything of
+  the report's types into it, and nothing it wrote may break the verdict (an unknown exploit name,
+  a huge list). Its claimed failure is a RUNTIME_ERROR, whatever outcome it names."""
+  if report is None:
+    return None
+  raw = report.evidence
+  evidence = None if raw is None else envelope.Evidence(
+      launched=None if raw.launched is None else _strings(raw.launched, 64),
+      own_fraction=None if raw.own_fraction is None else min(1.0, max(0.0, raw.own_fraction)),
+      library=tuple((n[:200], d) for n, d in raw.library[:3]),
+      compute_ops={k[:120]: v for k, v in list(raw.compute_ops.items())[:256]},
+      kernel_names=_strings(raw.kernel_names, 64), foreign_kernels=_strings(raw.foreign_kernels, 8),
+      note=raw.note[:300])
+  error = report.error
+  return dataclasses.replace(
+      report, evidence=evidence, forward_ops=_strings(report.forward_ops, 64),
+      findings=tuple((k, e[:500]) for k, e in report.findings if k in enums.EXPLOITS)[:32],
+      infra=report.infra[:500],
+      error=None if error is None else envelope.CandidateFailure(
+          outcome=enums.RUNTIME_ERROR, message=error.message[:2000],
+          out_of_memory=error.out_of_memory))
 
 
-def short_of_memory(judge_report: dict[str, Any] | None, cand_report: dict[str, Any]) -> bool:
+def short_of_memory(judge_report: envelope.JudgeReport | None,
+                    cand_report: envelope.CandidateReport | None) -> bool:
   """The candidate's process ran out of device memory (its own word: at worst it buys itself one
   more run) on a problem the judge measured at MEMORY_RETRY_SHARE of that process's share or more
   (the judge's word, which decides)."""
-  memory = (judge_report or {}).get("memory") or {}
-  share, problem = memory.get("share_bytes", 0), memory.get("problem_bytes", 0)
-  return bool((cand_report.get("error") or {}).get("out_of_memory")) and share > 0 and (
-      problem >= MEMORY_RETRY_SHARE * share)
+  memory = judge_report.memory if judge_report is not None else None
+  if memory is None or cand_report is None or cand_report.error is None:
+    return False
+  return cand_report.error.out_of_memory and memory.share_bytes > 0 and (
+      memory.problem_bytes >= MEMORY_RETRY_SHARE * memory.share_bytes)
 
 
 def merge(options: job_lib.JobOptions, judge: dict[str, Any], cand: dict[str, Any],
@@ -134,20 +135,21 @@ def merge(options: job_lib.JobOptions, judge: dict[str, Any], cand: dict[str, An
   verdict: dict[str, Any] = {"policy": options.policy, "stage_timings": [], "trials": []}
   found: list[tuple[str, str]] = []
   cand = dict(cand, report=_untrusted(cand.get("report")))
-  report = judge.get("report")
+  report: envelope.JudgeReport | None = judge.get("report")
   if report is None:
+    refused = f"; its report was refused: {judge['refused']}" if judge.get("refused") else ""
     verdict.update(outcome=enums.INFRA_ERROR, stage=judge.get("phase", enums.STAGE_LOAD), message=(
-        f"the judge process exited ({judge.get('status')}) without a report: "
+        f"the judge process exited ({judge.get('status')}) without a report{refused}: "
         f"{_tail(judge.get('log_tail', ''))}"))
   else:
-    stage = report.get("stage", enums.STAGE_LOAD)
-    verdict.update(stage=stage, trials=report.get("trials", []),
-                   stage_timings=report.get("stage_timings", []),
-                   environment=report.get("environment", {}))
-    if "timing" in report:
-      verdict["timing"] = report["timing"]
-    found += [tuple(f) for f in report.get("findings", [])]
-    outcome = report.get("outcome")
+    stage = report.stage
+    verdict.update(stage=stage, trials=[dataclasses.asdict(t) for t in report.trials],
+                   stage_timings=[dataclasses.asdict(t) for t in report.stage_timings],
+                   environment=dict(report.environment))
+    if report.timing is not None:
+      verdict["timing"] = dict(report.timing)
+    found += list(report.findings)
+    outcome = report.outcome
     # The judge's own comparison decides INCORRECT: whatever the candidate's process did after
     # (the judge closes its socket on a wrong answer, which that process may report as an error).
     failure = None if outcome in (enums.BAD_REFERENCE, enums.INFRA_ERROR, enums.INCORRECT) else (
@@ -156,24 +158,26 @@ def merge(options: job_lib.JobOptions, judge: dict[str, Any], cand: dict[str, An
       verdict.update(outcome=failure[0], message=failure[1])
       found += failure[2]
     elif outcome in (enums.OK, enums.INCORRECT, enums.BAD_REFERENCE, enums.INFRA_ERROR):
-      verdict.update(outcome=outcome, message=report.get("message", ""))
+      verdict.update(outcome=outcome, message=report.message)
     else:  # the candidate's side stopped answering: a rejecting finding, or the candidate's doing
       verdict.update(outcome=enums.RUNTIME_ERROR, message=(
-          f"the candidate's process ended the run in {stage}: {report.get('candidate_ended')}"))
+          f"the candidate's process ended the run in {stage}: {report.candidate_ended}"))
       verdict["stopped"] = True
-  evidence_of = cand.get("report") or {}
-  found += evidence_of.get("findings", [])
-  evidence = evidence_of.get("evidence") or {}
-  if evidence:
-    verdict["forward_ops"] = list(evidence_of.get("forward_ops", []))[:64]
-    verdict["launched_kernels"] = list(evidence.get("launched") or [])
-    if evidence.get("own_fraction") is not None:
-      verdict["custom_kernel_time_fraction"] = float(evidence["own_fraction"])
-    if evidence.get("note"):
-      verdict["message"] = verdict.get("message") or str(evidence["note"])
+  evidence_of: envelope.CandidateReport | None = cand["report"]
+  evidence = evidence_of.evidence if evidence_of is not None else None
+  if evidence_of is not None:
+    found += list(evidence_of.findings)
+  if evidence_of is not None and evidence is not None:
+    verdict["forward_ops"] = list(evidence_of.forward_ops)
+    verdict["launched_kernels"] = list(evidence.launched or [])
+    if evidence.own_fraction is not None:
+      verdict["custom_kernel_time_fraction"] = float(evidence.own_fraction)
+    if evidence.note:
+      verdict["message"] = verdict.get("message") or evidence.note
     if report is not None and verdict["outcome"] not in (enums.BAD_REFERENCE, enums.INFRA_ERROR):
       found += policy.findings(options.policy, options.min_custom_kernel_fraction,
-                               evidence, report.get("reference_ops"))
+                               dataclasses.asdict(evidence),
+                               None if report.reference_ops is None else list(report.reference_ops))
   speedup = verdict.get("timing", {}).get("speedup", 0.0)
   if speedup > options.plausible_speedup:
     found.append((enums.IMPLAUSIBLE_SPEEDUP, f"speedup {speedup:.1f}x"))

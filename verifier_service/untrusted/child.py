@@ -43,6 +43,7 @@ itself large for this process's share.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib.util
 import os
 import sys
@@ -53,7 +54,7 @@ import torch
 
 from verifier_service import enums
 from verifier_service.compile import sources
-from verifier_service.run import job as job_lib
+from verifier_service.run import envelope as envelope_lib
 from verifier_service.run import ops
 from verifier_service.run import policy
 from verifier_service.run import problem
@@ -185,16 +186,16 @@ class _Observer:
 class CandidateSide:
   """State of one job in the candidate's process, and one handler per judge command."""
 
-  def __init__(self, job: dict[str, Any], chan: wire.Channel,
+  def __init__(self, envelope: envelope_lib.Envelope, chan: wire.Channel,
                emit: Callable[[dict[str, Any]], None]):
-    self.job, self.chan, self.emit = job, chan, emit
-    self.device = torch.device(job["device"])
-    self.opts = job_lib.JobOptions.from_json(job["options"])
+    self.job, self.share, self.chan, self.emit = envelope.job, envelope.share, chan, emit
+    self.device = torch.device(envelope.device)
+    self.opts = envelope.job.options
     precision = self.opts.precision
     self.dtype = None if precision == enums.FP32 else problem.DTYPES[precision]
     self.seed = self.opts.seed
     self.found: list[tuple[str, str]] = []
-    self.evidence: dict[str, Any] = {"kernel_names": job["kernel_names"], "launched": None,
+    self.evidence: dict[str, Any] = {"kernel_names": list(self.job.kernel_names), "launched": None,
                                      "own_fraction": None, "library": [], "compute_ops": {}}
     self.observer = _Observer()
     self.meta: dict[str, Any] = {}
@@ -234,14 +235,14 @@ class CandidateSide:
   def arm(self, lock_down: Callable[[], dict[str, str]]) -> dict[str, str]:
     layers = lock_down()
     self.tripwire = guards.Tripwire({problem.CANDIDATE_FILE}, os.getcwd(),
-                                    self.job.get("sandbox", {}).get("read_only", []))
+                                    list(self.share.read_only))
     self.tripwire.install()
     own = [sys.modules[__name__], guards, probes, ops, policy, problem, timing, wire, dispatch]
     self.state = guards.StateGuard([ops.OpRecorder, guards.ForwardTracer, guards.Tripwire,
                                     guards.StateGuard, _Observer, CandidateSide, wire.Channel,
                                     timing.Timer], own_modules=own)
     self.registrations = dispatch.baseline()
-    self.ref = problem.exec_module("dice_reference", self.job["reference_source"],
+    self.ref = problem.exec_module("dice_reference", self.job.reference_source,
                                    problem.REFERENCE_FILE)
     sys.modules.pop("dice_reference", None)
     self.reference = problem.build(self.ref.Model, self.ref.get_init_inputs, self.seed,
@@ -249,7 +250,7 @@ class CandidateSide:
     self.baseline_tids = set(guards.os_thread_times())
     # The naive baseline (no prebuilt modules) compiles inside load_inline: files and processes
     # the tripwire would name. It arms once the candidate is imported.
-    self.tripwire.armed = self.job.get("modules") is not None
+    self.tripwire.armed = self.job.modules is not None
     return layers
 
   def inputs(self, seed: int) -> Any:
@@ -264,10 +265,10 @@ class CandidateSide:
     del header
     self.loading = True  # from here on, candidate code may run at any time
     self.emit({"phase": "CANDIDATE_LOADING"})
-    if self.job.get("modules") is not None:  # None: the naive baseline, torch compiles itself
-      _patch_load_inline(self.job["modules"])
+    if self.job.modules is not None:  # None: the naive baseline, torch compiles itself
+      _patch_load_inline(self.job.modules)
     try:
-      cand = problem.exec_module("dice_candidate", self.job["candidate_source"],
+      cand = problem.exec_module("dice_candidate", self.job.candidate_source,
                                  problem.CANDIDATE_FILE)
       new_cls = cand.ModelNew
     except Exception as e:  # pylint: disable=broad-except
@@ -342,9 +343,9 @@ class CandidateSide:
     held = self.inputs(int(header["seed"]))
     self.evidence["compute_ops"] = self.observer.recorder.compute_ops()
     if self.device.type == "cuda":
-      if self.job["kernel_names"]:
-        profile = probes.kernel_profile(lambda: self.call(held), self.job["kernel_names"],
-                                        self.job.get("kernel_namespaces", []))
+      if self.job.kernel_names:
+        profile = probes.kernel_profile(lambda: self.call(held), list(self.job.kernel_names),
+                                        list(self.job.kernel_namespaces))
         if profile["note"]:
           self.evidence["note"] = profile["note"]
         else:
@@ -432,12 +433,25 @@ def serve(side: CandidateSide) -> bool:
       return True
 
 
-def run(job: dict[str, Any], chan: wire.Channel, emit: Callable[[dict[str, Any]], None],
-        lock_down: Callable[[], dict[str, str]], set_up: dict[str, Any]) -> dict[str, Any]:
-  """The candidate's side of one job; returns its report for the worker. Never raises. `set_up`
-  is what `trusted_setup` returned before the job, or why it failed ({"error": ...})."""
+def run(envelope: envelope_lib.Envelope, chan: wire.Channel,
+        emit: Callable[[dict[str, Any]], None], lock_down: Callable[[], dict[str, str]],
+        set_up: dict[str, Any]) -> envelope_lib.CandidateReport:
+  """The candidate's side of one job; returns its report for the worker. Raises only where its
+  report does not fit `CandidateReport` (the worker then has none). `set_up` is what
+  `trusted_setup` returned before the job, or why it failed ({"error": ...})."""
+  report = _run(envelope, chan, emit, lock_down, set_up)
+  if report.get("evidence") is not None:
+    report["evidence"] = {**dataclasses.asdict(envelope_lib.Evidence()), **report["evidence"]}
+  return envelope_lib.CandidateReport.from_json({**envelope_lib.CandidateReport().to_json(),
+                                                 **report})
+
+
+def _run(envelope: envelope_lib.Envelope, chan: wire.Channel,
+         emit: Callable[[dict[str, Any]], None], lock_down: Callable[[], dict[str, str]],
+         set_up: dict[str, Any]) -> dict[str, Any]:
+  """The fields of the report this run has; never raises."""
   report: dict[str, Any] = {"error": None, "infra": "", "finished": False}
-  side = CandidateSide(job, chan, emit)
+  side = CandidateSide(envelope, chan, emit)
   try:
     if "error" in set_up:
       report["infra"] = f"CUDA unavailable in the candidate's process: {set_up['error']}"

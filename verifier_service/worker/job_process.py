@@ -4,9 +4,10 @@ Forked by worker/pair.py from the worker (torch imported, no CUDA). It enters it
 only its own descriptors, moves into its own folder, and waits on its start pipe: `s` makes its
 trusted setup (what needs more than the sandbox allows: CUDA context, memory cap, imports;
 trusted/judge.setup, untrusted/child.trusted_setup), `g` starts the job the worker wrote into
-its folder as `job.json` (read and removed before anything untrusted runs); end of file ends a
-process whose pair was never used. Then the sandbox (`lock_down`, when the role's code asks for
-it), the role's run, and one nonce-stamped result line on its report pipe.
+its folder as `job.json` (a run/envelope.Envelope, read and removed before anything untrusted
+runs); end of file ends a process whose pair was never used. Then the sandbox (`lock_down`, when
+the role's code asks for it), the role's run, and one nonce-stamped result line on its report
+pipe (its JudgeReport or CandidateReport).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import sys
 import traceback
 from typing import Any
 
+from verifier_service.run import envelope
 from verifier_service.run import sandbox
 
 JOB_FILE = "job.json"
@@ -88,7 +90,7 @@ def main(role: str, device: str, spec: dict[str, Any], job_dir: str, nonce: str,
       setup = setup or _setup(role, device, spec)
     setup = setup or _setup(role, device, spec)
     with open(JOB_FILE, encoding="utf-8") as f:
-      job = json.load(f)
+      job = envelope.Envelope.from_json(json.load(f))
     os.unlink(JOB_FILE)
     os.close(start_fd)
     if spec["enabled"]:
@@ -103,13 +105,14 @@ def main(role: str, device: str, spec: dict[str, Any], job_dir: str, nonce: str,
 
     emit = lambda msg: write_line(report_fd, {"type": "phase", **msg})
     chan = wire.Channel(boundary)
+    result: envelope.JudgeReport | envelope.CandidateReport
     if role == JUDGE:
       from verifier_service.trusted import judge  # pylint: disable=import-outside-toplevel
       result = judge.run(job, chan, emit, lock_down, setup)
     else:
       from verifier_service.untrusted import child  # pylint: disable=import-outside-toplevel
       result = child.run(job, chan, emit, lock_down, setup)
-    write_line(report_fd, {"type": "result", "nonce": nonce, "result": result})
+    write_line(report_fd, {"type": "result", "nonce": nonce, "result": result.to_json()})
     code = 0
   except BaseException:  # pylint: disable=broad-except
     traceback.print_exc()

@@ -19,6 +19,7 @@ after a grace once the other is done, as before: its exit status decides its ver
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import secrets
@@ -31,6 +32,7 @@ import time
 from typing import Any, Callable, TextIO
 
 from verifier_service import enums
+from verifier_service.run import envelope
 from verifier_service.run import job as job_lib
 from verifier_service.worker import job_process
 from verifier_service.run import sandbox
@@ -72,7 +74,8 @@ class Process:
     self.role, self.pid, self.report_fd, self.start_fd = role, pid, report_fd, start_fd
     self.notify, self.nonce, self.job_dir = notify, nonce, job_dir
     self.pidfd = os.pidfd_open(pid)
-    self.result: dict[str, Any] | None = None
+    self.result: envelope.JudgeReport | envelope.CandidateReport | None = None
+    self.refused = ""  # why its report, nonce and all, did not fit the role's report type
     self.forged: list[dict[str, str]] = []
     self.supervisor: sandbox.Supervisor | None = None
     self.phase = enums.STAGE_LOAD
@@ -109,8 +112,12 @@ class Process:
       if message.get("nonce") != self.nonce or not isinstance(message.get("result"), dict):
         self.forged.append({"kind": enums.MONKEY_PATCH,
                             "evidence": "wrote a forged result to the verifier's report pipe"})
-      elif self.result is None:
-        self.result = message["result"]
+      elif self.result is None and not self.refused:
+        kind = envelope.JudgeReport if self.role == JUDGE else envelope.CandidateReport
+        try:
+          self.result = kind.from_json(message["result"])
+        except ValueError as e:  # counted as no report; the verdict says why
+          self.refused = str(e)[:500]
         self.result_at = time.monotonic()
 
   def read(self, out: TextIO, job_id: str) -> None:
@@ -224,13 +231,15 @@ class Pair:
         with contextlib.suppress(OSError):
           os.write(process.start_fd, b"s")
 
-  def start(self, job: dict[str, Any]) -> None:
+  def start(self, job: envelope.Envelope) -> None:
     """Hands `job` to both processes (its modules copied into the candidate's folder first)."""
-    job = dict(job, modules=self._stage_modules(job.get("modules")))
+    job = dataclasses.replace(job, job=dataclasses.replace(
+        job.job, modules=self._stage_modules(job.job.modules)))
+    text = job.dumps()
     for process in self.processes:
       path = os.path.join(process.job_dir, JOB_FILE)
       with open(path, "w", encoding="utf-8") as f:
-        json.dump(job, f)
+        f.write(text)
     self.setup()
     for process in self.processes:
       os.write(process.start_fd, b"g")
@@ -266,7 +275,7 @@ class Pair:
         watch(process, process.notify.fileno(), "notify")
     deadline, timed = None, False
     while not all(p.drained and p.exited for p in self.processes):
-      if all(p.result is not None for p in self.processes):
+      if all(p.result is not None or p.refused for p in self.processes):
         events = poller.poll(0)  # what is already there (a last refused call), then done
         if not events:
           return

@@ -2,7 +2,8 @@
 
 Run as `python -m verifier_service.worker --device cuda` with CUDA_VISIBLE_DEVICES naming one GPU
 (the pool does this, one process per slot). Protocol: one JSON object per line. Jobs arrive on
-stdin; messages leave on the process's original stdout, which is kept private (fd 1 is pointed
+stdin (run/envelope.Job; a line that is not one ends at once in a "done" whose status names
+why, and the worker reads on); messages leave on the process's original stdout, which is kept private (fd 1 is pointed
 at stderr so that stray prints cannot corrupt it, and job children never inherit it):
 
   {"type": "ready", "pid": ..., "torch_version": ..., "sandbox": {layer: state}}   once
@@ -12,6 +13,10 @@ at stderr so that stray prints cannot corrupt it, and job children never inherit
   {"type": "budget", "job_id": ..., "seconds": ..., "why": ...}   the judge's budget for what is
                                                                  left (run/budget.py)
   {"type": "done", "job_id": ..., "result": {...}, "status": {...}, "log_tail": "..."}
+
+Each of the job's two processes gets the job as a run/envelope.Envelope and answers with a
+JudgeReport or a CandidateReport, each checked where this process reads it: a report that does
+not fit its type counts as no report, and the verdict names why.
 
 The trust boundary (ARCHITECTURE.md, "The verifier's trust boundary"). Each job runs in two children forked from this process:
 - the judge (trusted/judge.py) executes the reference, regenerates every input from the seeds,
@@ -56,6 +61,7 @@ import tempfile
 import time
 from typing import Any, TextIO
 
+from verifier_service.run import envelope
 from verifier_service.run import job as job_lib
 from verifier_service.worker import pair as pair_lib
 from verifier_service.run import sandbox
@@ -110,14 +116,33 @@ def serve(device: str, out: TextIO, sandbox_spec: dict[str, Any]) -> None:
         slot.collect()
       if stdin.fd in ready:
         for line in stdin.read():
-          job = json.loads(line)
-          send(out, {"type": "accepted", "job_id": job["job_id"]})  # before any child runs it
+          job, refused = _job(line)
+          if job is None:  # the pool's slip: the job ends here, named, and the worker goes on
+            send(out, refused)
+            continue
+          send(out, {"type": "accepted", "job_id": job.job_id})  # before any child runs it
           send(out, slot.run(job, out))
   finally:
     slot.close()
 
 
 send = pair_lib.send
+
+
+def _job(line: bytes) -> tuple[envelope.Job | None, dict[str, Any]]:
+  """The job on one line from the pool, or the "done" message that refuses it (with its job_id
+  where the line has one, so that the pool's wait ends)."""
+  try:
+    data = json.loads(line)
+  except ValueError as e:
+    return None, {"type": "done", "job_id": None, "result": None,
+                  "status": {"exit_code": -1, "error": f"job refused: not JSON: {e}"}}
+  try:
+    return envelope.Job.from_json(data), {}
+  except ValueError as e:
+    job_id = data.get("job_id") if isinstance(data, dict) else None
+    return None, {"type": "done", "job_id": job_id if isinstance(job_id, str) else None,
+                  "result": None, "status": {"exit_code": -1, "error": f"job refused: {e}"}}
 
 
 class _Slot:
@@ -129,20 +154,19 @@ class _Slot:
     self.standby: pair_lib.Pair | None = None
     self.retiring: list[pair_lib.Pair] = []
 
-  def run(self, job: dict[str, Any], out: TextIO) -> dict[str, Any]:
-    job["device"] = self.device
-    job["sandbox"] = _scaled(self.spec, job.pop("memory_scale", 1))
+  def run(self, job: envelope.Job, out: TextIO) -> dict[str, Any]:
+    spec = _scaled(self.spec, job.memory_scale)
     if not self.standby_on:  # each job forked for it and reaped before its verdict is sent
-      return run_job(job, out)
+      return run_job(job, self.device, spec, out)
     pair, waited = None, 0.0
-    if job["sandbox"] is self.spec and self.standby is not None:
+    if spec is self.spec and self.standby is not None:
       pair, self.standby = self.standby, None
       if not pair.alive():  # a standby process died while waiting: not this job's to pay for
         pair.discard()
         pair = None
       else:
         waited = time.monotonic() - pair.forked_at
-    done = run_job(job, out, pair=pair, before_serving=self.prepare_next,
+    done = run_job(job, self.device, spec, out, pair=pair, before_serving=self.prepare_next,
                    on_timed=self.set_up_next)
     done["worker_timings"]["standby_age"] = round(waited, 4)
     self.set_up_next()
@@ -173,26 +197,26 @@ class _Slot:
       pair.reap(block=True)
 
 
-def _scaled(spec: dict[str, Any], scale: Any) -> dict[str, Any]:
+def _scaled(spec: dict[str, Any], scale: int) -> dict[str, Any]:
   """The sandbox settings of a job that holds `scale` slots of its GPU (pool.WorkerPool.run,
   exclusive): each GPU memory fraction times `scale`, at most 0.9 of the GPU."""
-  if not isinstance(scale, int) or scale <= 1:
+  if scale <= 1:
     return spec
   keys = ("gpu_memory_fraction", "judge_gpu_memory_fraction")
   return dict(spec, **{k: min(0.9, spec[k] * scale) for k in keys if spec.get(k)})
 
 
-def run_job(job: dict[str, Any], out: TextIO | None = None, pair: pair_lib.Pair | None = None,
+def run_job(job: envelope.Job, device: str, spec: dict[str, Any] | None = None,
+            out: TextIO | None = None, pair: pair_lib.Pair | None = None,
             before_serving=None, on_timed=None) -> dict[str, Any]:
   """Runs one job in a pair of processes (`pair`, set up ahead, or one forked now), merges their
   reports.
 
-  `job` carries sources, options, modules and the sandbox settings; `out` gets "started" and
-  "phase" messages (None: nobody listens). Returns the "done" message, whose "result" is the
-  Verdict-shaped dict. Also the entry point for one verification without a worker pool or a
-  sandbox (the naive path of benchmarks/verifier_throughput.py): a job of sources, "options"
-  (config.resolve_options), "kernel_names", "device", "job_id" and "modules" (None: the
-  candidate's load_inline compiles with torch's own).
+  `device` and `spec` (the sandbox settings; None: no sandbox) are the slot's; `out` gets
+  "started" and "phase" messages (None: nobody listens). Returns the "done" message, whose
+  "result" is the Verdict-shaped dict. Also the entry point for one verification without a worker
+  pool or a sandbox (the naive path of benchmarks/verifier_throughput.py, whose job's modules are
+  None: the candidate's load_inline compiles with torch's own).
 
   1. Fork the pair unless one is given; copy the job's modules into the candidate's folder and
      hand both processes the job (`Pair.start`).
@@ -205,16 +229,16 @@ def run_job(job: dict[str, Any], out: TextIO | None = None, pair: pair_lib.Pair 
   (`_timings`).
   """
   out = out if out is not None else io.StringIO()
-  job.setdefault("sandbox", {"enabled": False})
-  done: dict[str, Any] = {"type": "done", "job_id": job["job_id"], "result": None}
+  spec = spec if spec is not None else {"enabled": False}
+  done: dict[str, Any] = {"type": "done", "job_id": job.job_id, "result": None}
   marks = {"start": time.monotonic()}
   try:
     if pair is None:
-      pair = pair_lib.Pair.fork(job["device"], job["sandbox"])  # 1
+      pair = pair_lib.Pair.fork(device, spec)  # 1
     marks["forked"] = time.monotonic()
-    pair.start(job)
+    pair.start(envelope.Envelope(job=job, device=device, share=envelope.Share.of(spec)))
     marks["staged"] = time.monotonic()
-    send(out, {"type": "started", "job_id": job["job_id"], "pid": pair.candidate.pid,
+    send(out, {"type": "started", "job_id": job.job_id, "pid": pair.candidate.pid,
                "pids": [pair.candidate.pid, pair.judge.pid]})
   except OSError as e:
     if pair is not None:
@@ -227,9 +251,9 @@ def run_job(job: dict[str, Any], out: TextIO | None = None, pair: pair_lib.Pair 
   if before_serving is not None:
     before_serving(pair)  # 2
   marks["prepared"] = time.monotonic()
-  pair.serve(out, job["job_id"], on_timed)  # 3
+  pair.serve(out, job.job_id, on_timed)  # 3
   marks["served"] = time.monotonic()
-  done.update(_merge(job_lib.JobOptions.from_json(job["options"]), pair))  # 4
+  done.update(_merge(job.options, pair))  # 4
   done["log_tail"] = pair_lib.tail(os.path.join(pair.cand_dir, "output.log"))
   marks["merged"] = time.monotonic()
   pair.retire()
@@ -253,9 +277,8 @@ def _timings(marks: dict[str, float], pair: pair_lib.Pair | None) -> dict[str, f
            "standby": ("staged", "prepared"), "merge": ("served", "merged")}
   out = {name: marks[b] - marks[a] for name, (a, b) in spans.items() if a in marks and b in marks}
   judge = pair.judge if pair is not None else None
-  if judge is not None and isinstance((judge.result or {}).get("timing_parts"), dict):
-    out.update({k: v for k, v in judge.result["timing_parts"].items()
-                if isinstance(v, (int, float))})
+  if judge is not None and isinstance(judge.result, envelope.JudgeReport):
+    out.update(judge.result.timing_parts)
   if judge is not None and "staged" in marks and judge.first_line_at:
     out["judge_start"] = judge.first_line_at - marks["staged"]
     if judge.result_at:
@@ -270,7 +293,8 @@ def _timings(marks: dict[str, float], pair: pair_lib.Pair | None) -> dict[str, f
 def _merge(options: job_lib.JobOptions, pair: pair_lib.Pair) -> dict[str, Any]:
   """The processes' statuses and the verdict merged from their reports."""
   from verifier_service.trusted import verdict  # pylint: disable=import-outside-toplevel
-  sides = {p.role: {"report": p.result, "status": p.status, "phase": p.phase, "loading": p.loading,
+  sides = {p.role: {"report": p.result, "refused": p.refused, "status": p.status, "phase": p.phase,
+                    "loading": p.loading,
                     "log_tail": pair_lib.tail(os.path.join(p.job_dir, "output.log"))}
            for p in pair.processes}
   violations = [v for p in pair.processes for v in p.violations]
