@@ -95,6 +95,7 @@ noexcept not not_eq nullptr operator or or_eq private protected public register 
 requires return short signed sizeof static static_assert static_cast struct switch template this
 thread_local throw true try typedef typeid typename union unsigned using virtual void volatile
 wchar_t while xor xor_eq""".split())
+KEYWORDS = _KEYWORDS
 _DECL_FOLLOW = {"(", "=", ";", "[", ",", "{", ":"}
 _ERROR_LINE_RE = re.compile(r"\berror\b", re.I)
 _MEMBER_IN_LINE_RE = re.compile(r"\bm(\d+)/cuda\.cu\b")

@@ -32,6 +32,12 @@ it fast (each measured in `benchmarks/verifier_compile.py`):
    headers; a compile whose preprocessed input starts with them sends them only the rest.
    Started and checked by a probe after `warm_up`, which also builds the precompiled host code
    of point 3.
+8. The split path (device_split.py; `split=True`, off by default until measured on a GPU box): a
+   cuda.cu the lite tier would build is first built in two halves, its device code by nvcc
+   without torch's headers and its host code by g++ against a precompiled lite header, then
+   linked. Sources the cut refuses (split_source.py) and halves that fail take the usual path,
+   which decides the verdict. BuildResult.header_tier is "split" for those it built;
+   `split_note` says why another was not; `split_stats` counts both.
 
 Each build's processes (start, wait, wall) are recorded in `BuildResult.steps` (procs.Trace).
 
@@ -63,6 +69,7 @@ from verifier_service.compile import batch as batch_lib
 from verifier_service.compile import buildspec
 from verifier_service.compile import cache as compile_cache
 from verifier_service.compile import confine as confine_lib
+from verifier_service.compile import device_split
 from verifier_service.compile import front_ends as front_ends_lib
 from verifier_service.compile import header_tiers
 from verifier_service.compile import host_pch
@@ -77,6 +84,7 @@ from verifier_service.compile import toolchain as toolchain_lib
 log = logging.getLogger(__name__)
 
 LITE, ORIGINAL = header_tiers.LITE, header_tiers.ORIGINAL
+SPLIT = "split"  # BuildResult.header_tier of a cuda.cu built in two halves (device_split.py)
 _TIERS = (header_tiers.LITE, header_tiers.TYPES)
 _ORIGINAL_PCH = ("#include <torch/extension.h>\n", "torch_extension_pch.h")
 # How a build moves between tiers and paths (which failure is final, which path is tried): part of
@@ -100,7 +108,7 @@ class BuildResult:
   log_truncated: bool = False
   cache_hit: bool = False
   cache_key: str = ""
-  header_tier: str = ""  # cuda.cu: "lite", "types" or "original" (header_tiers.py)
+  header_tier: str = ""  # cuda.cu: "split" (device_split.py), "lite", "types" or "original"
   tier_notes: dict[str, str] = dataclasses.field(default_factory=dict)  # why lighter tiers weren't used
   main_tier: str = ""  # main.cpp: "lite" or "original"
   main_notes: dict[str, str] = dataclasses.field(default_factory=dict)
@@ -110,6 +118,7 @@ class BuildResult:
   batch_size: int = 0  # cuda.cu was compiled in a batch of this many candidates (batch.py)
   batch_note: str = ""  # why it was not, when other builds were in flight
   namespace: str = ""  # the batch namespace its cuda.cu code lives in (batch.py)
+  split_note: str = ""  # why cuda.cu was not built in two halves, when that was tried
   steps: list[dict] = dataclasses.field(default_factory=list)  # processes run (procs.Trace)
 
 
@@ -137,7 +146,7 @@ class Compiler:
                cache_max_bytes: int = compile_cache.DEFAULT_MAX_BYTES, nice: int = 10,
                main_tiers: bool = True, batch_members: int = batch_lib.MAX_MEMBERS,
                warm_front_ends: bool = False, limits: limits_lib.Limits | None = None,
-               confine: bool = True):
+               confine: bool = True, split: bool = False):
     self.toolchain = toolchain
     self.cache_dir = pathlib.Path(cache_dir)
     self.max_jobs = max_jobs
@@ -194,11 +203,19 @@ class Compiler:
         self._objects.compile, lambda argv, cwd: self._runner.run(argv, cwd),
         self.cache_dir / "tmp", batch_members, tool=self.confinement.tool
     ) if (self.tiers and batch_members > 1) else None
+    self._split = device_split.DeviceSplit(
+        self._objects, self._pch, self.cache_dir / "tmp",
+        lambda argv, cwd: self._runner.run(argv, cwd, shared=True)
+    ) if (split and self.tiers and use_pch) else None
+    if split:
+      log.info("compile split path: %s", "on" if self._split else
+               "off (it needs header tiers and precompiled headers)")
     self._arrivals = itertools.count(1)
     lite = (pathlib.Path(header_tiers.__file__).parent / "torch_lite.h").read_text()
     # Bounds and confinement change what a build may end as (a limit, a withheld diagnostic).
     self._policy = objects_lib.digest("policy", header_tiers.VERSION, _RULES, lite, self.tiers,
                                       self.main_tiers, use_pch, split_nvcc, confine,
+                                      self._split is not None,
                                       dataclasses.asdict(self.confinement.limits))
     self.hits = 0
     self.misses = 0
@@ -276,6 +293,7 @@ class Compiler:
       self._probe.cancel()
       await asyncio.gather(self._probe, return_exceptions=True)
     await asyncio.gather(self._pch.close(), self._envs.close(), self._bound.close(),
+                         *([self._split.close()] if self._split else []),
                          *([self._front_ends.close()] if self._front_ends else []),
                          return_exceptions=True)
     self.confinement.close()
@@ -294,6 +312,22 @@ class Compiler:
   def batch_stats(self) -> dict[str, int]:
     """Batched cuda.cu compiles (batch.py): batches, members in them, members built alone."""
     return dict(self._batcher.stats) if self._batcher else {}
+
+  def split_stats(self) -> dict[str, int]:
+    """cuda.cu builds in two halves (device_split.py): built, refused, failed, not ready."""
+    return dict(self._split.stats) if self._split else {}
+
+  async def split_ready(self) -> bool:
+    """Waits until phase-1 lite-tier builds can take the split path (its names and precompiled
+    host header exist); False where it is off or cannot serve this toolchain."""
+    if self._split is None:
+      return False
+    probe = sources.InlineExtension(name="dice_warmup", cpp_sources=(), cuda_sources=("",),
+                                    functions=())
+    flags = self.flags(probe)
+    env = await self._envs.ensure(self._nvcc_argv(flags), "extension")
+    return env is not None and await self._split.ready(env, self._envs.folder(env.key),
+                                                       self._split_argv(flags, env))
 
   async def warm_up(self) -> str | None:
     """Prepares what the first request would otherwise wait for: the header tiers and main.cpp's
@@ -316,6 +350,8 @@ class Compiler:
         self._envs.ensure(self._nvcc_argv(flags), "extension") if self.tiers else asyncio.sleep(0))
     if self._front_ends is not None and env is not None and LITE in env.blocks:
       self._probe = asyncio.ensure_future(self._warm_probe(probe, flags, env))
+    if self._split is not None and env is not None:
+      self._split.prepare(env, self._envs.folder(env.key), self._split_argv(flags, env))
     return header.path if header is not None and header.precompiled else None
 
   async def _warm_probe(self, probe: sources.InlineExtension, flags: buildspec.BuildFlags,
@@ -425,9 +461,24 @@ class Compiler:
           except compile_procs.ProcessFailed as e:
             return self._failed(key, e)
           notes.update(more)
-      batch_note = notes.pop("batch", "")
+      linked = False
+      if isinstance(cuda_obj, device_split.Halves):
+        try:
+          so_path, linked = await self._objects.link(flags, ext.name, main_obj,
+                                                     cuda_obj.objects), True
+        except compile_procs.LimitExceeded as e:
+          return self._failed(key, e)
+        except compile_procs.ProcessFailed:
+          notes[SPLIT] = "its halves did not link"
+          try:
+            cuda_obj, tier, more = await self._cuda_object(flags, cuda_text, self.tiers,
+                                                           problem=problem, may_split=False)
+          except compile_procs.ProcessFailed as e:
+            return self._failed(key, e)
+          notes.update(more)
+      batch_note, split_note = notes.pop("batch", ""), notes.pop(SPLIT, "")
       try:
-        if not batch_size:
+        if not (batch_size or linked):
           so_path = await self._objects.link(flags, ext.name, main_obj, cuda_obj)
       except compile_procs.ProcessFailed as e:
         if isinstance(e, compile_procs.LimitExceeded) or not (_lighter(main_tier) or
@@ -452,7 +503,7 @@ class Compiler:
     result = BuildResult(ok=True, so_path=so_path, cache_key=key, pch_used=pch_used,
                          header_tier=tier, tier_notes=notes, main_tier=main_tier,
                          main_notes=main_notes, batch_size=batch_size, batch_note=batch_note,
-                         namespace=namespace)
+                         namespace=namespace, split_note=split_note)
     self._write_record(key, result)
     return result
 
@@ -508,15 +559,25 @@ class Compiler:
       return "", "linked with its batch, it failed: " + e.log[-200:].replace(member.path, "")
 
   async def _cuda_object(self, flags: buildspec.BuildFlags, cuda_text: str,
-                         tiers: tuple[str, ...], may_batch: bool = True, problem: str = ""
-                         ) -> tuple[str | batch_lib.Batched, str, dict[str, str]]:
+                         tiers: tuple[str, ...], may_batch: bool = True, problem: str = "",
+                         may_split: bool = True
+                         ) -> tuple[str | batch_lib.Batched | device_split.Halves, str,
+                                    dict[str, str]]:
     """cuda.cu at the lightest tier that compiles: (object, tier, why lighter tiers were not
-    used). Raises ProcessFailed with the original source's log if nothing compiles. While other
-    builds are in flight, a lite source may share one translation unit with theirs (batch.py):
-    then the object is a `batch.Batched`."""
+    used). Raises ProcessFailed with the original source's log if nothing compiles. A source the
+    lite tier accepts is first built in two halves where it can be (device_split.py): then the
+    object is a `device_split.Halves` and the tier SPLIT. Else, while other builds are in flight,
+    a lite source may share one translation unit with theirs (batch.py): then the object is a
+    `batch.Batched`."""
     level = header_tiers.original_level(cuda_text)
     env = await self._envs.ensure(self._nvcc_argv(flags), level) if (tiers and level) else None
     variants, notes = header_tiers.plan(cuda_text, env, tiers)
+    if may_split and self._split is not None and variants[0][0] == LITE:
+      halves, why = await self._split.compile(flags, cuda_text, env, self._envs.folder(env.key),
+                                              self._split_argv(flags, env))
+      if halves is not None:
+        return halves, SPLIT, notes
+      notes[SPLIT] = why
     lite_log = None
     for tier, text in variants:
       if lite_log is not None and not header_tiers.heavier_may_help(lite_log, env):
@@ -539,6 +600,11 @@ class Compiler:
         if tier == LITE:
           lite_log = e.log
     raise AssertionError("plan() always ends with the original source")
+
+  def _split_argv(self, flags: buildspec.BuildFlags, env: header_tiers.Environment) -> list[str]:
+    """nvcc's command (no -c/-o, no extension name) at the lite tier: the split's names are the
+    headers' as that command sees them (split_names.py)."""
+    return self._nvcc_argv(flags) + ["-isystem", str(self._envs.folder(env.key))]
 
   def _cuda_command(self, flags: buildspec.BuildFlags, env: header_tiers.Environment | None,
                     tier: str) -> tuple[list[str], str | None]:

@@ -67,12 +67,13 @@ class Objects:
 
   async def compile(self, cmd: list[str], text: str, filename: str,
                     module_id: str | None = None,
-                    files: dict[str, str] | None = None) -> tuple[str, str]:
+                    files: dict[str, str] | None = None, nvcc: bool = True) -> tuple[str, str]:
     """One translation unit (`cmd` holds "{src}" and "{out}"): (.o path, compiler output).
     `module_id`: nvcc's for a split compile at a light tier (else one from the source); it also
     lets the host compile read its shared prefix precompiled. `files`: more files it includes,
-    by relative path (batch.py). Raises ProcessFailed."""
-    split = self._split and filename.endswith(".cu")
+    by relative path (batch.py). `nvcc`: False for a .cu file that g++ compiles (`-x c++`: the
+    split path's host half). Raises ProcessFailed."""
+    split = self._split and nvcc and filename.endswith(".cu")
     key = digest("obj", self._fingerprint, cmd, text, split, module_id, *([files] if files else []))
     final = self.cache_dir / "obj" / key[:2] / key
     obj = final / (filename + ".o")
@@ -137,10 +138,11 @@ class Objects:
     return str(final / out.name)
 
   async def link(self, flags: buildspec.BuildFlags, name: str, main_obj: str,
-                 cuda_obj: str | None, extra: tuple[str, ...] = ()) -> str:
-    """The module `name.so` from the objects, with torch's link line (and `extra` options: a
-    batch member's --defsym bindings). Raises ProcessFailed."""
-    objects = [main_obj] + ([cuda_obj] if cuda_obj else [])
+                 cuda_obj: str | tuple[str, ...] | None, extra: tuple[str, ...] = ()) -> str:
+    """The module `name.so` from the objects (cuda.cu's: one, or a split one's halves), with
+    torch's link line (and `extra` options: a batch member's --defsym bindings). Raises
+    ProcessFailed."""
+    objects = [main_obj] + ([cuda_obj] if isinstance(cuda_obj, str) else list(cuda_obj or ()))
     key = digest("link", self._fingerprint, name, objects, flags.ldflags, *extra)
     final = self.cache_dir / "so" / key[:2] / key
     so = final / f"{name}.so"

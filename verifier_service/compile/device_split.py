@@ -1,0 +1,163 @@
+"""The split path for cuda.cu: device code by nvcc without torch, host code by g++ with it.
+
+split_source.py cuts a source in two and says why a source must not be cut; split_names.py says,
+per toolchain, which names the cut must not meet. This module builds the halves, each through the
+compile stage's process runner (confined and bounded like every compiler process):
+
+  device half   nvcc with torch's own flags for cuda.cu (the source-as-written command: no tier
+                folder), split into its front ends as usual (nvcc_split.py). ~1 CPU-s on the VM.
+  host half     g++ with nvcc's host preprocessing flags less the macros saying "this is nvcc"
+                (split_names.host_command), `-x c++`, and `-include` a precompiled header of the
+                lite tier's block, cuda.h, cuda_runtime.h and nvcc's declaration of
+                __cudaPushCallConfiguration. ~2 CPU-s on the VM.
+
+Decisions:
+- Every candidate a cut cannot serve, and every half that does not compile or link, takes the
+  usual path (header tiers, batches), which decides its verdict: a split only ever changes what a
+  build costs. A half over a bound (limits.py) is final, as everywhere in the stage.
+- The names and the precompiled header are built in the background once the first build asks
+  (or `warm_up`), never waited for: until both exist, builds take the usual path.
+- Checked, not assumed: the names are the installed headers' own (split_names.py); the device
+  half's kernels are compared, SASS for SASS, with the lite tier's build of DICE's items in CI
+  (tests/verifier/test_verifier_split.py), as are the host functions' results.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import pathlib
+
+from verifier_service.compile import buildspec
+from verifier_service.compile import header_tiers
+from verifier_service.compile import objects as objects_lib
+from verifier_service.compile import pch as pch_lib
+from verifier_service.compile import procs as compile_procs
+from verifier_service.compile import split_names
+from verifier_service.compile import split_source
+
+log = logging.getLogger(__name__)
+
+HEADER = "dice_split_host.h"
+
+
+@dataclasses.dataclass(frozen=True)
+class Halves:
+  """A split cuda.cu's two objects, linked with main.o in this order."""
+  host: str
+  device: str
+
+  @property
+  def objects(self) -> tuple[str, ...]:
+    return (self.host, self.device)
+
+
+class DeviceSplit:
+  """Builds split cuda.cu objects; `compile` answers (Halves, "") or (None, why not)."""
+
+  def __init__(self, objects: objects_lib.Objects, headers: pch_lib.PrecompiledHeaders,
+               scratch: pathlib.Path, run: split_names.RunFn):
+    self._objects = objects
+    self._headers = headers
+    self._names = split_names.Store(scratch, run)
+    self.stats = {"split": 0, "refused": 0, "failed": 0, "not_ready": 0}
+
+  async def close(self) -> None:
+    await self._names.close()
+
+  def prepare(self, env: header_tiers.Environment, folder: pathlib.Path,
+              nvcc_argv: list[str]) -> None:
+    """Starts computing the names and, once they are known, the host half's precompiled header
+    (both in the background)."""
+    if header_tiers.LITE not in env.blocks:
+      return
+    async def build() -> None:
+      found = await self._names.ensure(folder, nvcc_argv, env.blocks[header_tiers.LITE],
+                                       env.level)
+      if found is not None:
+        _, host = found
+        self._headers.prefetch((host.compiler,), host.flags, self._header_text(env), HEADER,
+                               "the lite torch headers for split host code")
+    asyncio.ensure_future(build())
+
+  async def ready(self, env: header_tiers.Environment, folder: pathlib.Path,
+                  nvcc_argv: list[str]) -> bool:
+    """Waits for the names and the precompiled host header (starting them if need be); False
+    where the split cannot serve this environment."""
+    if header_tiers.LITE not in env.blocks:
+      return False
+    found = await self._names.ensure(folder, nvcc_argv, env.blocks[header_tiers.LITE], env.level)
+    if found is None:
+      return False
+    _, host = found
+    header = await self._headers.ensure((host.compiler,), host.flags, self._header_text(env),
+                                        HEADER, "the lite torch headers for split host code")
+    return header.precompiled
+
+  async def compile(self, flags: buildspec.BuildFlags, cuda_text: str,
+                    env: header_tiers.Environment, folder: pathlib.Path,
+                    nvcc_argv: list[str]) -> tuple[Halves | None, str]:
+    """Both halves of `cuda_text` (at the lite tier's level `env`), or None and why not.
+    Raises procs.LimitExceeded (final for the build)."""
+    found = self._names.ready(folder)
+    if found is None:
+      self.prepare(env, folder, nvcc_argv)
+      self.stats["not_ready"] += 1
+      return None, "its names are not computed yet"
+    names, host = found
+    header = self._headers.ready(
+        self._headers.folder((host.compiler,), host.flags, self._header_text(env)), HEADER)
+    if header is None:
+      self.prepare(env, folder, nvcc_argv)
+      self.stats["not_ready"] += 1
+      return None, "its precompiled header is not built yet"
+    try:
+      split = split_source.plan(cuda_text, names)
+    except split_source.Refused as e:
+      self.stats["refused"] += 1
+      return None, str(e)
+    device_cmd = list(flags.nvcc) + list(flags.cuda_cflags) + [
+        "-c", "{src}", "-o", "{out}"] + list(flags.cuda_post_cflags)
+    name = [f for f in flags.cuda_cflags if pch_lib.NAME_DEFINE_RE.match(f)]  # not in the header
+    host_cmd = [host.compiler, "-include", header.path, "-Winvalid-pch", *host.flags, *name,
+                "-x", "c++", "-c", "{src}", "-o", "{out}"]
+    results = await asyncio.gather(
+        _as("device", self._objects.compile(device_cmd, self._device_text(env, split.device),
+                                            "cuda.cu")),
+        _as("host", self._objects.compile(host_cmd, split.host, "cuda.cu", nvcc=False)),
+        return_exceptions=True)
+    for result in results:
+      if isinstance(result, (compile_procs.LimitExceeded, asyncio.CancelledError)):
+        raise result
+    failed = [r for r in results if isinstance(r, BaseException)]
+    if failed:
+      if not all(isinstance(r, compile_procs.ProcessFailed) for r in failed):
+        log.error("the split path failed to run", exc_info=failed[0])
+      self.stats["failed"] += 1
+      return None, "a half did not compile"
+    (device_obj, _), (host_obj, output) = results
+    if pch_lib.REJECTED_RE.search(output):
+      log.warning("g++ did not use the split host header: %s", output[-1000:])
+    self.stats["split"] += 1
+    return Halves(host_obj, device_obj), ""
+
+  @staticmethod
+  def _device_text(env: header_tiers.Environment, device: str) -> str:
+    """The device half as compiled: first the headers its names were computed against
+    (split_names.device_prelude, cuda.h, cuda_runtime.h: the view `SplitNames.device` is the
+    difference from), then `#line 1` so that the source's lines keep their numbers."""
+    return (split_names.device_prelude(env.blocks[header_tiers.LITE]) +
+            "#include <cuda.h>\n#include <cuda_runtime.h>\n#line 1\n" + device)
+
+  @staticmethod
+  def _header_text(env: header_tiers.Environment) -> str:
+    return header_tiers.header_text(env.blocks[header_tiers.LITE] +
+                                    "#include <cuda.h>\n#include <cuda_runtime.h>\n" +
+                                    split_source.PUSH_DECLARATION)
+
+
+async def _as(what: str, coro):
+  """Runs `coro` with its processes recorded as `what` (procs.WHAT) in the build's trace."""
+  compile_procs.WHAT.set(what)  # gather runs each in a task of its own: its own context
+  return await coro
