@@ -8,6 +8,7 @@ the shared task itself is cancelled (killing its compiler processes) only when n
 from __future__ import annotations
 
 import asyncio
+import functools
 from typing import Any, Awaitable, Callable, Generic, Hashable, TypeVar
 
 T = TypeVar("T")
@@ -33,7 +34,7 @@ class SingleFlight(Generic[T]):
       task = asyncio.ensure_future(factory())
       self._tasks[key] = task
       self._waiters[key] = 0
-      task.add_done_callback(lambda _t, k=key: self._forget(k, _t))
+      task.add_done_callback(functools.partial(self._forget, key))
     self._waiters[key] += 1
     try:
       return await asyncio.shield(task)

@@ -31,7 +31,7 @@ import re
 import shutil
 import tempfile
 import time
-from typing import Awaitable, Callable
+from typing import AbstractSet, Awaitable, Callable
 
 from verifier_service.compile import cache as compile_cache
 from verifier_service.compile import header_tiers
@@ -214,7 +214,7 @@ async def build(level: str, argv: list[str], work: pathlib.Path, run: RunFn,
 
 
 async def _check_tier(tier: str, block: str, pre, torch_root: str, full_torch: set[str],
-                      full_system: set[str], binding: bool) -> tuple[str | None, set[str]]:
+                      full_system: set[str], binding: bool) -> tuple[str | None, AbstractSet[str]]:
   (rc, out, _), (_, _, macros) = await asyncio.gather(
       pre(block, tier, "-H"), pre(block, tier + "_dm", "-dM"))
   if rc != 0:

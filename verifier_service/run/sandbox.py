@@ -47,6 +47,7 @@ import signal
 import socket
 import struct
 import sys
+from collections.abc import Mapping
 from typing import Any
 
 from verifier_service import enums
@@ -322,7 +323,7 @@ def _seccomp(notify_sock: socket.socket | None) -> str:
 # ----------------------------------------------------------------------------- lock_down
 
 
-def scrubbed_env(job_dir: str, environ: dict[str, str] | None = None) -> dict[str, str]:
+def scrubbed_env(job_dir: str, environ: Mapping[str, str] | None = None) -> dict[str, str]:
   """Allow-listed variables plus caches pointed into the job folder."""
   environ = os.environ if environ is None else environ
   env = {k: v for k, v in environ.items() if k.startswith(_ENV_KEEP_PREFIXES)}

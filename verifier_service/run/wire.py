@@ -114,7 +114,8 @@ def spec(tree: Any) -> list[dict[str, Any]]:
 
 def encode(tree: Any) -> tuple[list[dict[str, Any]], list[Any]]:
   """The candidate side: declared metadata and the host bytes of every tensor leaf."""
-  leaves, buffers = [], []
+  leaves: list[dict[str, Any]] = []
+  buffers: list[Any] = []
   for leaf in problem.flatten(tree):
     if isinstance(leaf, torch.Tensor):
       exact = type(leaf) is torch.Tensor  # pylint: disable=unidiomatic-typecheck
@@ -139,7 +140,7 @@ def payload_bytes(expected: list[dict[str, Any]]) -> int:
   return sum(_padded(leaf.get("nbytes", 0)) for leaf in expected)
 
 
-def decode(expected: list[dict[str, Any]], declared: Any, payload: bytearray,
+def decode(expected: list[dict[str, Any]], declared: Any, payload: bytearray | memoryview,
            device: torch.device) -> tuple[list[Any] | None, str, list[tuple[str, str]]]:
   """The judge side: (leaves, "", findings) or (None, why the output is wrong, findings).
 

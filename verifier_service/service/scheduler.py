@@ -250,7 +250,7 @@ class Scheduler:
         "cache_hit": verdict.compile.cache_hit, "message": verdict.message[:200]}})
     return verdict
 
-  def _end(self, verdict: pb.Verdict, outcome: int, stage: int, message: str) -> None:
+  def _end(self, verdict: pb.Verdict, outcome: pb.Outcome, stage: pb.Stage, message: str) -> None:
     verdict.outcome, verdict.stage, verdict.message = outcome, stage, message
 
   async def _stages(self, request: pb.VerifyRequest, options: job_lib.JobOptions,

@@ -98,6 +98,7 @@ class VerifierService:
       return await self.scheduler.verify(request)
     except scheduler_lib.QueueFull as e:
       await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"queue full: {e}; retry later")
+      raise AssertionError("unreachable: abort raises") from e  # grpc's types do not say so
 
   async def VerifyStream(self, request_iterator: AsyncIterator[Any],  # pylint: disable=invalid-name
                          context: grpc.aio.ServicerContext) -> AsyncIterator[pb.Verdict]:
@@ -138,8 +139,9 @@ class VerifierService:
         if item is None:
           break
         if isinstance(item, BaseException):
-          await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(item))
-        yield item
+          await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(item))  # raises
+        else:
+          yield item
     finally:
       reader.cancel()
       for task in list(pending):

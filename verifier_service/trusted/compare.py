@@ -63,10 +63,10 @@ def _compare_tensor(index: int, ref: torch.Tensor, cand: Any, atol: float,
     r, c = r[keep], c[keep]
     if not r.numel():
       continue
-    diff = (c - r).abs()
-    max_abs = max(max_abs, float(diff.max()))
-    max_rel = max(max_rel, float((diff / r.abs().clamp_min(tiny)).max()))
-    bad += int((diff > atol + rtol * r.abs()).sum())
+    abs_diff = (c - r).abs()
+    max_abs = max(max_abs, float(abs_diff.max()))
+    max_rel = max(max_rel, float((abs_diff / r.abs().clamp_min(tiny)).max()))
+    bad += int((abs_diff > atol + rtol * r.abs()).sum())
     finite += r.numel()
   if extra_nan or missing_nan:
     return False, math.inf, math.inf, (

@@ -101,7 +101,8 @@ class Judge:
     self.result: dict[str, Any] = {"stage_timings": [], "trials": [], "findings": [],
                                    "stage": enums.STAGE_LOAD}
     self._started = time.monotonic()
-    self.get_inputs = self.reference = None
+    self.get_inputs: Callable[..., Any] | None = None
+    self.reference: Any = None
     self.spec: list[dict[str, Any]] = []
     self.ref_aliases_inputs = False
     self.input_bytes = 0  # the largest inputs of a trial so far

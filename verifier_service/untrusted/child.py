@@ -199,7 +199,9 @@ class CandidateSide:
                                      "own_fraction": None, "library": [], "compute_ops": {}}
     self.observer = _Observer()
     self.meta: dict[str, Any] = {}
-    self.ref = self.reference = self.candidate = None
+    self.ref: Any = None  # the reference's module, then the candidate's: candidate code
+    self.reference: Any = None
+    self.candidate: Any = None
     self.tripwire: guards.Tripwire | None = None
     self.state: guards.StateGuard | None = None
     self.registrations: dispatch.Registrations | None = None

@@ -40,7 +40,7 @@ class ForwardTracer:
     self.reference_files = reference_files
     self.reference_calls: collections.Counter[str] = collections.Counter()
     self.raised: list[str] = []
-    self._previous = None
+    self._previous: Any = None
 
   def _local(self, frame, event, arg):
     if event == "exception" and not issubclass(arg[0], _IGNORED_EXCEPTIONS):
