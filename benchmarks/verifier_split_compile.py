@@ -1,0 +1,128 @@
+"""The split path for phase-1 cuda.cu (verifier_service/compile/device_split.py) against the
+lite tier's path, per candidate, on DICE's phase-1 reference middles.
+
+Each candidate's cuda.cu gets a new trailing comment per variant (its main.cpp is the problem's
+fixed scaffold, built once before timing), so every variant compiles cuda.cu cold and main.cpp
+from cache, as a phase-1 rollout of a problem seen before does. Variants, one compiler each, one
+after the other, in this process, on one cache (shared headers built once, before timing):
+  split        Compiler(split=True), candidates one at a time: cuda.cu in two halves where the cut
+               accepts it, else as `lite`.
+  lite         Compiler(split=False, batch_members=1), one at a time: today's path alone.
+  lite_batch   Compiler(split=False), all candidates at once: today's path with batching.
+Only candidates the split path built in two halves are timed in every variant (the others cost
+what `lite` costs). CPU seconds are the children's user+sys (every compiler process is a child);
+wall seconds are per build (one at a time) or per burst (lite_batch). Prints per variant the
+mean CPU-s and wall-s per candidate, and the ratios lite / split and lite_batch / split.
+
+  python benchmarks/verifier_split_compile.py --count 8
+  python benchmarks/verifier_split_compile.py            # every reference middle that splits
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import os
+import pathlib
+import resource
+import tempfile
+import time
+
+from verifier_service.compile import checks
+from verifier_service.compile import compiler as compile_lib
+from verifier_service.compile import toolchain as toolchain_lib
+
+DATA = pathlib.Path(__file__).resolve().parents[1].parent / "shared/data/dice/" \
+    "kernel_infilling_evaluation.json"
+
+
+def _cpu() -> float:
+  usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+  return usage.ru_utime + usage.ru_stime
+
+
+def _fresh(ext, tag: str):
+  """`ext` with cuda.cu made new by a trailing comment (same meaning, a cold object)."""
+  cuda = tuple(s + f"\n// {tag} {os.urandom(6).hex()}\n" for s in ext.cuda_sources)
+  return dataclasses.replace(ext, cuda_sources=cuda)
+
+
+async def _one_at_a_time(compiler, exts, tag):
+  rows = []
+  for name, ext in exts:
+    cpu, wall = _cpu(), time.monotonic()
+    result = await compiler.build(_fresh(ext, tag), 900, problem=name)
+    rows.append((name, result, _cpu() - cpu, time.monotonic() - wall))
+  return rows
+
+
+async def main(args) -> None:
+  items = json.loads(pathlib.Path(args.data).read_text())
+  exts = []
+  for i, item in enumerate(items):
+    report = checks.check_candidate(item["prefix"] + item["middle"] + item["suffix"])
+    if len(report.extensions) == 1 and report.extensions[0].cuda_sources:
+      exts.append((f"dice_{i}", report.extensions[0]))
+  toolchain = toolchain_lib.discover()
+  cache = pathlib.Path(args.cache_dir or tempfile.mkdtemp(prefix="split-bench-"))
+  split = compile_lib.Compiler(toolchain, cache, args.jobs, split=True, batch_members=1)
+  lite = compile_lib.Compiler(toolchain, cache, args.jobs, split=False, batch_members=1)
+  batch = compile_lib.Compiler(toolchain, cache, args.jobs, split=False)
+  try:
+    start = time.monotonic()
+    await asyncio.gather(split.warm_up(), lite.warm_up(), batch.warm_up())
+    ready = await split.split_ready()
+    print(f"shared_build split_ready={ready} {time.monotonic() - start:.1f} s", flush=True)
+    # Which candidates split (and each refusal's reason), main.cpp cached for every variant.
+    chosen, reasons = [], {}
+    for name, ext in exts:
+      result = await split.build(ext, 900, problem=name)
+      await lite.build(ext, 900, problem=name)
+      if result.header_tier == compile_lib.SPLIT:
+        chosen.append((name, ext))
+      else:
+        why = result.split_note or ("did not compile" if not result.ok else result.header_tier)
+        reasons[why] = reasons.get(why, 0) + 1
+      if args.count and len(chosen) >= args.count:
+        break
+    print(f"split {len(chosen)} of {len(exts) if not args.count else 'the first'} candidates; "
+          f"not split: {json.dumps(reasons, sort_keys=True)}", flush=True)
+    figures = {}
+    for variant, compiler in (("split", split), ("lite", lite)):
+      rows = await _one_at_a_time(compiler, chosen, variant)
+      for name, result, cpu, wall in rows:
+        parts = {}
+        for step in result.steps:  # per half (procs.WHAT), as the exec wrapper measured it
+          what = step.get("what") or step["step"]
+          parts[what] = parts.get(what, 0.0) + step.get("cpu_s", 0.0)
+        print(f"  {variant:10s} {name:9s} tier={result.header_tier:6s} ok={result.ok} "
+              f"cpu={cpu:6.2f} s wall={wall:6.2f} s steps_cpu="
+              + ", ".join(f"{k} {v:.2f}" for k, v in sorted(parts.items())), flush=True)
+      figures[variant] = (sum(r[2] for r in rows) / len(rows), sum(r[3] for r in rows) / len(rows))
+    cpu, wall = _cpu(), time.monotonic()
+    results = await asyncio.gather(*(batch.build(_fresh(ext, "batch"), 900, problem=name)
+                                     for name, ext in chosen))
+    figures["lite_batch"] = ((_cpu() - cpu) / len(chosen), (time.monotonic() - wall) / len(chosen))
+    print(f"  lite_batch members batched: {sum(1 for r in results if r.batch_size)} of "
+          f"{len(results)}", flush=True)
+    print(f"load average: {os.getloadavg()}")
+    for variant, (cpu_s, wall_s) in figures.items():
+      print(f"{variant:10s} cpu_s_per_candidate={cpu_s:.2f} wall_s_per_candidate={wall_s:.2f}")
+    s_cpu, s_wall = figures["split"]
+    for variant in ("lite", "lite_batch"):
+      print(f"ratio {variant}/split: cpu {figures[variant][0] / s_cpu:.2f}x, "
+            f"wall {figures[variant][1] / s_wall:.2f}x")
+    print("split stats:", split.split_stats())
+  finally:
+    await asyncio.gather(split.close(), lite.close(), batch.close())
+
+
+if __name__ == "__main__":
+  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser.add_argument("--data", default=str(DATA))
+  parser.add_argument("--count", type=int, default=0, help="stop after this many that split")
+  parser.add_argument("--jobs", type=int, default=os.cpu_count() or 2)
+  parser.add_argument("--cache-dir", default="", help="reuse a cache (shared headers built)")
+  asyncio.run(main(parser.parse_args()))
