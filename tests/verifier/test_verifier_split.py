@@ -1,0 +1,229 @@
+"""The split path end to end (verifier_service/compile/device_split.py): real nvcc, real g++,
+real torch headers. A source the cut accepts is built in two halves and linked; its kernels'
+SASS equals the lite tier's build of the same source, its module exports the same symbols and
+its host functions answer alike (on CPU tensors: no GPU here). A refused source, and a source
+whose half does not compile, take the usual path with the usual outcome (COMPILE_ERROR's log
+included). One module-scoped run builds everything, with the split on and off, so the names and
+the precompiled host header are computed once (a few minutes on 2 cores)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import pathlib
+import re
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from verifier_service.compile import checks
+from verifier_service.compile import compiler as compile_lib
+
+import verifier_kernels as kernels
+
+pytestmark = pytest.mark.slow
+
+GOOD = r'''
+#include <torch/extension.h>
+#include <cuda_runtime.h>
+#define TILE 256
+
+__device__ float twice(float x) { return 2.0f * x; }
+
+__global__ void scaled_add_kernel(const float* a, const float* b, float* out, float s, int n) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) out[i] = twice(a[i] + b[i]) * s;
+}
+
+torch::Tensor scaled_add(torch::Tensor a, torch::Tensor b, double s) {
+  TORCH_CHECK(a.dim() == 1, "scaled_add wants 1-d tensors, got ", a.dim());
+  if (!a.is_cuda()) return a.add(b).mul(s * 3.0);
+  auto out = torch::empty_like(a);
+  int n = a.numel();
+  scaled_add_kernel<<<(n + TILE - 1) / TILE, TILE>>>(
+      a.data_ptr<float>(), b.data_ptr<float>(), out.data_ptr<float>(), (float)s, n);
+  return out;
+}
+'''
+# Refused by the cut (a `__` name in host code), built by the usual path.
+REFUSED = GOOD.replace("auto out = torch::empty_like(a);",
+                       "auto out = torch::empty_like(a);\n  (void)sizeof(__half2);")
+# Accepted by the cut, its device half does not compile: the usual path decides (an error).
+BROKEN = GOOD.replace("* s;\n}", "* s_typo;\n}")
+SOURCES = {"split_good": GOOD, "split_refused": REFUSED, "split_broken": BROKEN}
+DICE_ITEMS = (3, 4, 5)  # phase-1 reference middles of kernel_infilling_evaluation.json
+
+
+def _cuobjdump() -> str | None:
+  try:
+    import triton  # pylint: disable=import-outside-toplevel  (ships cuobjdump; the toolkit may not)
+  except ImportError:
+    return None
+  path = pathlib.Path(triton.__file__).parent / "backends/nvidia/bin/cuobjdump"
+  return str(path) if path.is_file() else None
+
+
+def _sass(so: str) -> str:
+  tool = _cuobjdump()
+  out = subprocess.run([tool, "-sass", so], capture_output=True, text=True, check=True).stdout
+  kept = [line for line in out.split("\n") if not line.startswith(("Fatbin", "code for", "\t"
+                                                                     "File"))]
+  assert any("Function :" in line for line in kept), out[:2000]
+  return "\n".join(kept)
+
+
+def _symbols(so: str) -> dict[str, str]:
+  """{exported symbol: nm's type}."""
+  out = subprocess.run(["nm", "-D", "--defined-only", so], capture_output=True, text=True,
+                       check=True).stdout
+  return {line.split()[-1]: line.split()[-2] for line in out.split("\n") if line.strip()}
+
+
+def _same_exports(split_so: str, lite_so: str) -> None:
+  """The split module exports every symbol the lite one does, with its type, and nothing more
+  but weak (inline) definitions from the CUDA headers its device half includes: the same
+  strong symbols, so nothing that another module would bind to differently."""
+  split, lite = _symbols(split_so), _symbols(lite_so)
+  assert {k: v for k, v in split.items() if k in lite} == lite
+  extra = {k: v for k, v in split.items() if k not in lite}
+  assert all(v in "WVuv" for v in extra.values()), extra
+  assert not [k for k in split if "__dice" in k]  # launchers stay hidden
+
+
+@pytest.fixture(scope="module")
+def built(toolchain, cache_dir, request):
+  """{name: (split build, lite build)} for the bundled sources and DICE's items (where ../shared
+  is present), and the split path's counters."""
+  try:
+    shared_dir = request.getfixturevalue("shared_dir")
+  except pytest.skip.Exception:
+    shared_dir = None
+  exts = {name: checks.check_candidate(kernels.cuda_candidate(text, name)).extensions[0]
+          for name, text in SOURCES.items()}
+  if shared_dir is not None:
+    items = json.loads((shared_dir / "data/dice/kernel_infilling_evaluation.json").read_text())
+    for i in DICE_ITEMS:
+      item = items[i]
+      (exts[f"dice_{i}"],) = checks.check_candidate(
+          item["prefix"] + item["middle"] + item["suffix"]).extensions
+
+  async def go():
+    on = compile_lib.Compiler(toolchain, cache_dir, max_jobs=2, split=True, batch_members=1)
+    off = compile_lib.Compiler(toolchain, cache_dir, max_jobs=2, split=False, batch_members=1)
+    try:
+      await asyncio.gather(on.warm_up(), off.warm_up())
+      assert await asyncio.wait_for(on.split_ready(), 1800), on.split_stats()
+      out = {}
+      for name, ext in exts.items():
+        out[name] = (await on.build(ext, 900, problem=name),
+                     await off.build(ext, 900, problem=name))
+      return out, on.split_stats()
+    finally:
+      await asyncio.gather(on.close(), off.close())
+  return asyncio.run(go())
+
+
+_CALL = textwrap.dedent("""
+    import importlib.util, json, sys, torch
+    out = []
+    for path in sys.argv[1:]:
+      spec = importlib.util.spec_from_file_location(path.rsplit("/", 1)[-1][:-3], path)
+      module = importlib.util.module_from_spec(spec)
+      spec.loader.exec_module(module)
+      answer = [module.scaled_add(torch.ones(3), torch.ones(3), 0.5).tolist()]
+      try:
+        module.scaled_add(torch.ones(2, 2), torch.ones(2, 2), 0.5)
+      except RuntimeError as e:
+        answer.append([line for line in str(e).split("\\n") if "wants 1-d" in line
+                       or line.startswith("Exception raised from")])
+      out.append(answer)
+    print(json.dumps(out))
+""")
+
+
+def _call(*paths: str) -> list:
+  # With C++ stack traces on, c10's message names the throwing function's file and line.
+  env = {**os.environ, "TORCH_SHOW_CPP_STACKTRACES": "1"}
+  proc = subprocess.run([sys.executable, "-c", _CALL, *paths], capture_output=True, text=True,
+                        timeout=300, check=False, env=env)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  return json.loads(proc.stdout)
+
+
+@pytest.mark.skipif(_cuobjdump() is None, reason="no cuobjdump (triton's) to read SASS with")
+def test_a_split_build_has_the_lite_builds_kernels_symbols_and_answers(built):
+  results, _ = built
+  split, lite = results["split_good"]
+  assert split.ok and lite.ok, (split.log[-2000:], lite.log[-2000:])
+  assert (split.header_tier, lite.header_tier) == ("split", "lite"), split.split_note
+  assert _sass(split.so_path) == _sass(lite.so_path)
+  _same_exports(split.so_path, lite.so_path)
+  answers = _call(split.so_path, lite.so_path)
+  assert answers[0] == answers[1]
+  assert answers[0][0] == [3.0] * 3  # (1 + 1) x 0.5 x 3 on the CPU path
+  # TORCH_CHECK's message, file and line included, reads as in the source as written.
+  # load_inline's cuda.cu is three include lines, then the source.
+  line = 3 + next(i for i, text in enumerate(GOOD.split("\n"), 1) if "TORCH_CHECK" in text)
+  assert f"Exception raised from scaled_add at cuda.cu:{line} " in "\n".join(answers[0][1]), \
+      answers[0][1]
+
+
+@pytest.mark.skipif(_cuobjdump() is None, reason="no cuobjdump (triton's) to read SASS with")
+def test_dice_reference_middles_split_with_the_lite_builds_kernels(built, shared_dir):
+  results, _ = built
+  for i in DICE_ITEMS:
+    split, lite = results[f"dice_{i}"]
+    assert split.ok and lite.ok, (i, split.log[-1500:], lite.log[-1500:])
+    assert split.header_tier == "split", (i, split.split_note)
+    assert _sass(split.so_path) == _sass(lite.so_path), i
+    _same_exports(split.so_path, lite.so_path)
+
+
+def test_a_refused_source_builds_by_the_usual_path_with_the_same_outcome(built):
+  results, stats = built
+  split, lite = results["split_refused"]
+  assert split.ok and lite.ok
+  assert split.header_tier == "lite" and "__half2" in split.split_note
+  assert stats["refused"] >= 1
+  assert _call(split.so_path)[0] == _call(lite.so_path)[0]
+
+
+def test_a_half_that_does_not_compile_ends_as_the_usual_paths_compile_error(built):
+  results, stats = built
+  split, lite = results["split_broken"]
+  assert not split.ok and not lite.ok
+  assert "s_typo" in split.log and split.log == lite.log
+  assert split.split_note == "" and stats["failed"] >= 1
+  assert "__dice" not in split.log and "dice_split" not in split.log
+
+
+_CALL_GPU = textwrap.dedent("""
+    import importlib.util, json, sys, torch
+    out = []
+    for path in sys.argv[1:]:
+      spec = importlib.util.spec_from_file_location(path.rsplit("/", 1)[-1][:-3], path)
+      module = importlib.util.module_from_spec(spec)
+      spec.loader.exec_module(module)
+      g = torch.Generator(device="cuda").manual_seed(0)
+      a = torch.rand(100003, device="cuda", generator=g)
+      b = torch.rand(100003, device="cuda", generator=g)
+      c = module.scaled_add(a, b, 0.25)
+      torch.cuda.synchronize()
+      out.append(c.double().sum().item())
+    print(json.dumps(out))
+""")
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_the_split_module_computes_what_the_lite_one_does(built):
+  results, _ = built
+  split, lite = results["split_good"]
+  assert split.header_tier == "split"
+  proc = subprocess.run([sys.executable, "-c", _CALL_GPU, split.so_path, lite.so_path],
+                        capture_output=True, text=True, timeout=300, check=False)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  sums = json.loads(proc.stdout)
+  assert sums[0] == sums[1] and sums[0] > 0
