@@ -32,7 +32,7 @@ from dice_jax.data.extract import extract_infilling
 from dice_jax.data.problems import load_problems
 from dice_jax.rl import warm_start_run
 
-TIMEOUT_S = 1800  # about 4 minutes on an idle 2-core CPU; CI's machine is shared
+TIMEOUT_S = 1800  # 9.6 minutes on the 2-core CPU at load average 2.4-3.7; CI's machine is shared
 STATEMENT = re.compile(r'source = """y\[i\] = [^\n"]+;"""')
 
 
