@@ -340,11 +340,15 @@ def main(argv: list[str] | None = None) -> None:
       _write(args.json, summarise(steps, startup, args, hardware, quiet=True))  # if cut short
   finally:
     conn.close()
+    split = served.scheduler.compiler.split_stats()  # empty unless --server-set compile_split=true
     served.stop()
     if args.json:  # every build with its processes, for reading where the CPU went
       with open(args.json + ".builds.jsonl", "w", encoding="utf-8") as f:
         f.writelines(json.dumps(b, default=str) + "\n" for b in served.builds)
-  _write(args.json, summarise(steps, startup, args, hardware))
+  report = summarise(steps, startup, args, hardware)
+  if split:
+    print(f"split path (compile/device_split.py), cuda.cu builds: {split}")
+  _write(args.json, dict(report, split=split))
   if args.json:
     print(f"wrote {args.json}")
 

@@ -183,12 +183,14 @@ async def run_service(items: list[dict], latency_items: list[dict], args: argpar
       slots_per_gpu=args.slots_per_gpu, queue_capacity=4096,
       gpus=[] if args.no_gpu else ([int(g) for g in args.gpus.split(",")] if args.gpus else None),
       run_timeout_s=600.0, compile_timeout_s=900.0, batch_members=args.batch_members,
-      warm_front_ends=not args.no_warm_front_ends)
+      warm_front_ends=not args.no_warm_front_ends, compile_split=args.compile_split)
   started = time.monotonic()
   scheduler = scheduler_lib.Scheduler.create(config, toolchain)
   await scheduler.start()
   server, port, _ = await server_lib.start_server(scheduler)
   await scheduler._warm_up  # pylint: disable=protected-access  # header tiers, precompiled header
+  if args.compile_split:  # its names and host header, built in the background
+    print(f"  split path ready: {await scheduler.compiler.split_ready()}", flush=True)
   serving = time.monotonic() - started
   await scheduler.compiler.settle()  # the start-up probe: warm front ends, host code's header
   startup = time.monotonic() - started
@@ -246,6 +248,9 @@ async def run_service(items: list[dict], latency_items: list[dict], args: argpar
     print(f"  cuda.cu batching during the burst and before: {batching}", flush=True)
     print(f"  warm front ends (compile/front_ends.py): {scheduler.compiler.front_end_stats()}",
           flush=True)
+    if args.compile_split:
+      print(f"  split path (compile/device_split.py): {scheduler.compiler.split_stats()}",
+            flush=True)
   finally:
     await channel.close()
     await server.stop(grace=1)
@@ -431,6 +436,8 @@ def main() -> None:
                            "1: each alone; default %(default)s)")
   parser.add_argument("--no-warm-front-ends", action="store_true",
                       help="do not start nvcc's front ends ahead of time (compile/front_ends.py)")
+  parser.add_argument("--compile-split", action="store_true",
+                      help="cuda.cu in two halves where the cut accepts it (compile/device_split.py)")
   parser.add_argument("--gpus", default="", help="GPU indices the service uses, e.g. 0 (default: all)")
   parser.add_argument("--json", default="", help="write every number to this file")
   args = parser.parse_args()

@@ -86,6 +86,9 @@ def _add_common(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> No
   parser.add_argument("--batch-members", type=int, default=defaults.batch_members,
                       help="cuda.cu sources compiled at once share one translation unit, up to "
                            "this many (0 or 1: each alone; default %(default)s)")
+  parser.add_argument("--compile-split", action="store_true",
+                      help="build cuda.cu in two halves where the cut accepts it (device code by "
+                           "nvcc without torch, host code by g++; the usual path otherwise)")
   parser.add_argument("--cpu-test-mode", action="store_true",
                       help="DEVELOPMENT ONLY: run candidates whose load_inline has only C++ "
                            "sources on CPU workers (exercises the worker without a GPU; proves "
@@ -139,7 +142,7 @@ def _config(args: argparse.Namespace, **extra) -> config_lib.ServerConfig:
       compile_timeout_s=args.compile_timeout,
       run_timeout_s=args.run_timeout, use_pch=not args.no_pch,
       light_headers=not args.no_light_headers, batch_members=args.batch_members,
-      cpu_test_mode=args.cpu_test_mode,
+      compile_split=args.compile_split, cpu_test_mode=args.cpu_test_mode,
       sandbox=not args.no_sandbox, sandbox_strict=args.sandbox_strict,
       sandbox_uid_base=args.sandbox_uid_base, sandbox_memory_bytes=args.sandbox_memory,
       gpu_memory_fraction=args.gpu_memory_fraction, timing_core=not args.no_timing_core,
@@ -272,7 +275,7 @@ def build_parser() -> argparse.ArgumentParser:
 _REMOTE_ONLY = ("auth_token_file", "tls", "tls_ca", "tls_cert", "tls_key", "tls_server_name")
 _LOCAL_ONLY = ("gpus", "slots_per_gpu", "compile_workers", "cache_dir", "cache_max_bytes",
                "compile_timeout", "run_timeout", "no_pch", "no_light_headers", "batch_members",
-               "cpu_test_mode", "no_sandbox", "sandbox_strict",
+               "compile_split", "cpu_test_mode", "no_sandbox", "sandbox_strict",
                "sandbox_uid_base", "sandbox_memory", "gpu_memory_fraction",
                "compile_unconfined", "compile_memory", "compile_cpu")
 

@@ -133,13 +133,14 @@ def test_dice_infilling_candidates(gpu, dice_items):
   rows = [_row(i, v, loose.get(i["id"])) for i, v in zip(items, verdicts)]
   counts = collections.Counter(r["outcome"] for r in rows)
   summary = {"counts": dict(counts), "passing_at_1e-2": sum(
-      v.outcome == pb.OK for v in loose.values()), "items": rows}
+      v.outcome == pb.OK for v in loose.values()), "items": rows,
+      "split": gpu.scheduler.compiler.split_stats()}  # DICE_VERIFIER_COMPILE_SPLIT=1
   report_dir = os.environ.get("DICE_REPORT_DIR")
   if report_dir:
     path = pathlib.Path(report_dir) / "dice_infilling_report.json"
     path.write_text(json.dumps(summary, indent=1))
   print("\nDICE infilling outcomes:", dict(counts), "| INCORRECT passing at 1e-2:",
-        summary["passing_at_1e-2"])
+        summary["passing_at_1e-2"], "| split path:", summary["split"] or "off")
   for r in rows:
     if r["outcome"] != "OK":
       print(f"  {r['id']}: {r['outcome']} [{r['stage']}] {r['message'][:200]}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 
 import grpc
@@ -16,9 +17,12 @@ from verifier_service.service import scheduler as scheduler_lib
 
 def make_config(cache_dir, **overrides) -> config_lib.ServerConfig:
   """Small, test-sized settings on a free loopback port. The program cache is off (tests send the
-  same candidate under new ids to run it again); test_verifier_text_key.py turns it on."""
+  same candidate under new ids to run it again); test_verifier_text_key.py turns it on.
+  DICE_VERIFIER_COMPILE_SPLIT=1 runs a suite with the compile stage's split path on (its servers
+  then start serving once the split is ready), to check verdicts through it."""
   base = dict(listen="127.0.0.1:0", cache_dir=cache_dir, compile_workers=2, queue_capacity=64,
-              run_timeout_s=60.0, compile_timeout_s=600.0, timing_trials=5, program_cache_size=0)
+              run_timeout_s=60.0, compile_timeout_s=600.0, timing_trials=5, program_cache_size=0,
+              compile_split=os.environ.get("DICE_VERIFIER_COMPILE_SPLIT") == "1")
   base.update(overrides)
   return config_lib.ServerConfig(**base)
 
@@ -44,6 +48,9 @@ class ServerThread:
 
   async def _start(self) -> int:
     await self.scheduler.start()
+    if self.config.compile_split:
+      if not await self.scheduler.compiler.split_ready():
+        raise RuntimeError("DICE_VERIFIER_COMPILE_SPLIT=1, but the split path cannot serve here")
     if not self._grpc_server:
       return 0
     from verifier_service.service import server as server_lib  # pylint: disable=import-outside-toplevel

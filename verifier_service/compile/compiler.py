@@ -280,10 +280,13 @@ class Compiler:
     return dataclasses.replace(result, duration_s=time.monotonic() - start, steps=trace.steps)
 
   async def settle(self) -> None:
-    """Waits for shared header builds in progress, including background ones, and for the
-    start-up probe that warms nvcc's front ends."""
+    """Waits for shared header builds in progress, including background ones, for the start-up
+    probe that warms nvcc's front ends, and where the split path is on, for its names and host
+    header."""
     if self._probe is not None:
       await asyncio.gather(asyncio.shield(self._probe), return_exceptions=True)
+    if self._split is not None:
+      await self.split_ready()
     await self._pch.settle()
 
   async def close(self) -> None:

@@ -116,7 +116,8 @@ class Scheduler:
                                     config.max_log_bytes, config.use_pch, config.light_headers,
                                     cache_max_bytes=config.cache_max_bytes,
                                     batch_members=config.batch_members, warm_front_ends=warm,
-                                    limits=config.compile_limits, confine=config.compile_confine)
+                                    limits=config.compile_limits, confine=config.compile_confine,
+                                    split=config.compile_split)
     pool = None
     spec = config.sandbox_spec(toolchain.cuda_root)
     if config.cpu_test_mode:
