@@ -45,8 +45,7 @@ BINDING_INCLUDES = "#include <torch/csrc/utils/pybind.h>\n#include <torch/csrc/E
 # (argv, cwd) -> (return code, combined output); compiler.py's bounded process runner.
 RunFn = Callable[[list[str], pathlib.Path], Awaitable[tuple[int, str]]]
 
-_LITE_FACTORIES = ("arange", "empty", "empty_like", "empty_strided", "full", "full_like", "ones",
-                   "ones_like", "zeros", "zeros_like")
+_LITE_FACTORIES = header_tiers.LITE_FACTORIES  # torch_lite.h's ATen/ops includes: the one list
 _IDENT_RE = re.compile(r"[A-Za-z_]\w*")
 _OP_SUFFIXES = ("", "_out", "_outf", "_symint", "_symint_out", "_symint_outf")
 _PYBIND_CUSTOM_RE = re.compile(r"namespace\s+pybind11\b|\b(?:pybind11|py)\s*::\s*detail\b|"
@@ -159,7 +158,7 @@ def _op_names(torch_root: str) -> frozenset[str]:
 
 
 def _lite_block(prelude: str, torch_root: str) -> str:
-  return (prelude + (pathlib.Path(__file__).parent / "torch_lite.h").read_text() +
+  return (prelude + header_tiers.LITE_HEADER.read_text() +
           _torch_namespace_block(torch_root) + _factory_block(torch_root))
 
 
