@@ -189,10 +189,12 @@ async def run_service(items: list[dict], latency_items: list[dict], args: argpar
   await scheduler.start()
   server, port, _ = await server_lib.start_server(scheduler)
   await scheduler._warm_up  # pylint: disable=protected-access  # header tiers, precompiled header
-  if args.compile_split:  # its names and host header, built in the background
-    print(f"  split path ready: {await scheduler.compiler.split_ready()}", flush=True)
   serving = time.monotonic() - started
-  await scheduler.compiler.settle()  # the start-up probe: warm front ends, host code's header
+  # The start-up probe (warm front ends, host code's header) and, with --compile-split, the split
+  # path's names and host header.
+  await scheduler.compiler.settle()
+  if args.compile_split:  # settled: answers at once
+    print(f"  split path ready: {await scheduler.compiler.split_ready()}", flush=True)
   startup = time.monotonic() - started
   print(f"  serving after {serving:.1f} s; front ends warm and host code's header built after "
         f"{startup:.1f} s", flush=True)
