@@ -5,10 +5,10 @@ Each candidate's cuda.cu gets a new trailing comment per variant (its main.cpp i
 fixed scaffold, built once before timing), so every variant compiles cuda.cu cold and main.cpp
 from cache, as a phase-1 rollout of a problem seen before does. Variants, one compiler each, one
 after the other, in this process, on one cache (shared headers built once, before timing):
-  split        Compiler(split=True), candidates one at a time: cuda.cu in two halves where the cut
-               accepts it, else as `lite`.
-  lite         Compiler(split=False, batch_members=1), one at a time: today's path alone.
-  lite_batch   Compiler(split=False), all candidates at once: today's path with batching.
+  split        CompilerOptions(split=True), candidates one at a time: cuda.cu in two halves
+               where the cut accepts it, else as `lite`.
+  lite         CompilerOptions(split=False, batch_members=1), one at a time: today's path alone.
+  lite_batch   CompilerOptions(split=False), all candidates at once: today's path with batching.
 Only candidates the split path built in two halves are timed in every variant (the others cost
 what `lite` costs). CPU seconds are the children's user+sys (every compiler process is a child);
 wall seconds are per build (one at a time) or per burst (lite_batch). Prints per variant the
@@ -67,9 +67,9 @@ async def main(args) -> None:
       exts.append((f"dice_{i}", report.extensions[0]))
   toolchain = toolchain_lib.discover()
   cache = pathlib.Path(args.cache_dir or tempfile.mkdtemp(prefix="split-bench-"))
-  split = compile_lib.Compiler(toolchain, cache, args.jobs, split=True, batch_members=1)
-  lite = compile_lib.Compiler(toolchain, cache, args.jobs, split=False, batch_members=1)
-  batch = compile_lib.Compiler(toolchain, cache, args.jobs, split=False)
+  split = compile_lib.Compiler(toolchain, cache, compile_lib.CompilerOptions(max_jobs=args.jobs, split=True, batch_members=1))
+  lite = compile_lib.Compiler(toolchain, cache, compile_lib.CompilerOptions(max_jobs=args.jobs, split=False, batch_members=1))
+  batch = compile_lib.Compiler(toolchain, cache, compile_lib.CompilerOptions(max_jobs=args.jobs, split=False))
   try:
     start = time.monotonic()
     await asyncio.gather(split.warm_up(), lite.warm_up(), batch.warm_up())

@@ -219,7 +219,7 @@ def _extension(name: str, source: str):
 
 def _build_all(toolchain, cache_dir, exts) -> tuple[list[compile_lib.BuildResult], dict]:
   async def go():
-    compiler = compile_lib.Compiler(toolchain, cache_dir, max_jobs=2)
+    compiler = compile_lib.Compiler(toolchain, cache_dir, compile_lib.CompilerOptions(max_jobs=2))
     try:
       results = await asyncio.gather(*(compiler.build(ext, 900) for ext in exts))
       return results, compiler.batch_stats()
@@ -291,7 +291,7 @@ def test_a_member_that_leaves_its_namespace_fails_the_batch(toolchain, tmp_path)
                       scope_names=frozenset())
 
   async def go():
-    compiler = compile_lib.Compiler(toolchain, tmp_path, max_jobs=2)
+    compiler = compile_lib.Compiler(toolchain, tmp_path, compile_lib.CompilerOptions(max_jobs=2))
     try:
       ext = _extension("escape_probe", _scaled("1.0"))
       flags = compiler.flags(ext)

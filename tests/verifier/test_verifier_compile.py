@@ -125,7 +125,7 @@ def _extension(candidate: str, allow_cpu_only: bool = False):
 
 def _build(toolchain, cache_dir, ext, timeout_s: float = 900, **options):
   async def go():
-    compiler = compile_lib.Compiler(toolchain, cache_dir, max_jobs=2, **options)
+    compiler = compile_lib.Compiler(toolchain, cache_dir, compile_lib.CompilerOptions(max_jobs=2, **options))
     try:
       return await compiler.build(ext, timeout_s)
     finally:
@@ -135,7 +135,7 @@ def _build(toolchain, cache_dir, ext, timeout_s: float = 900, **options):
 
 def _environment(toolchain, cache_dir) -> header_tiers.Environment:
   async def go():
-    compiler = compile_lib.Compiler(toolchain, cache_dir, max_jobs=2)
+    compiler = compile_lib.Compiler(toolchain, cache_dir, compile_lib.CompilerOptions(max_jobs=2))
     try:
       return await compiler.header_environment(_extension(kernels.cuda_candidate()))
     finally:
@@ -309,7 +309,7 @@ def test_cache_keys_separate_policies_and_tier_environments(toolchain, cache_dir
   async def keys():
     variants = [dict(), dict(light_headers=False), dict(split_nvcc=False), dict(use_pch=False),
                 dict(main_tiers=False)]
-    compilers = [compile_lib.Compiler(toolchain, cache_dir, max_jobs=1, **v) for v in variants]
+    compilers = [compile_lib.Compiler(toolchain, cache_dir, compile_lib.CompilerOptions(max_jobs=1, **v)) for v in variants]
     return [c.build_key(ext) for c in compilers]
   build_keys = asyncio.run(keys())
   assert len(set(build_keys)) == len(build_keys)
@@ -455,7 +455,7 @@ def test_tier_environment_is_a_checked_subset(toolchain, cache_dir):
 
 def test_binding_environment_is_a_checked_subset(toolchain, cache_dir):
   async def go():
-    compiler = compile_lib.Compiler(toolchain, cache_dir, max_jobs=2)
+    compiler = compile_lib.Compiler(toolchain, cache_dir, compile_lib.CompilerOptions(max_jobs=2))
     try:
       return await compiler.binding_environment(_extension(kernels.cuda_candidate()))
     finally:
@@ -547,7 +547,7 @@ def test_precompiled_header_is_really_used(toolchain, cache_dir):
   ext = _extension(kernels.cuda_candidate())
 
   async def go():
-    compiler = compile_lib.Compiler(toolchain, cache_dir, max_jobs=2)
+    compiler = compile_lib.Compiler(toolchain, cache_dir, compile_lib.CompilerOptions(max_jobs=2))
     try:
       pch = await compiler.warm_up()
       return compiler.flags(ext), pch, await compiler.binding_environment(ext)
@@ -679,7 +679,7 @@ def test_flags_use_the_discovered_toolkit_even_if_torch_guessed_first(toolchain,
   # This module imported torch.utils.cpp_extension before discovery; torch's own CUDA_HOME guess
   # (the folder above a wrapper `nvcc`) must not leak into the flags.
   async def flags():
-    compiler = compile_lib.Compiler(toolchain, cache_dir, max_jobs=1)
+    compiler = compile_lib.Compiler(toolchain, cache_dir, compile_lib.CompilerOptions(max_jobs=1))
     return compiler.flags(_extension(kernels.cuda_candidate()))
   result = asyncio.run(flags())
   assert f"-L{toolchain.cuda_root}/lib64" in result.ldflags

@@ -155,7 +155,7 @@ def test_cache_hits_mark_entries_used(toolchain, cache_dir):
 
   async def build():
     from verifier_service.compile import checks  # pylint: disable=import-outside-toplevel
-    compiler = compile_lib.Compiler(toolchain, cache_dir, max_jobs=2)
+    compiler = compile_lib.Compiler(toolchain, cache_dir, compile_lib.CompilerOptions(max_jobs=2))
     try:
       return await compiler.build(checks.check_candidate(ext).extensions[0], 900)
     finally:

@@ -53,7 +53,11 @@ REFUSED = GOOD.replace("auto out = torch::empty_like(a);",
                        "auto out = torch::empty_like(a);\n  (void)sizeof(__half2);")
 # Accepted by the cut, its device half does not compile: the usual path decides (an error).
 BROKEN = GOOD.replace("* s;\n}", "* s_typo;\n}")
-SOURCES = {"split_good": GOOD, "split_refused": REFUSED, "split_broken": BROKEN}
+# Without torch/extension.h: load_inline's torch/types.h alone, the other level of header tiers
+# (header_tiers.CUDA_LEVELS), with its own names and host header, as the bundled scaffolds are.
+TYPES_LEVEL = GOOD.replace("#include <torch/extension.h>\n", "")
+SOURCES = {"split_good": GOOD, "split_refused": REFUSED, "split_broken": BROKEN,
+           "split_types": TYPES_LEVEL}
 DICE_ITEMS = (3, 4, 5)  # phase-1 reference middles of kernel_infilling_evaluation.json
 
 
@@ -111,8 +115,8 @@ def built(toolchain, cache_dir, request):
           item["prefix"] + item["middle"] + item["suffix"]).extensions
 
   async def go():
-    on = compile_lib.Compiler(toolchain, cache_dir, max_jobs=2, split=True, batch_members=1)
-    off = compile_lib.Compiler(toolchain, cache_dir, max_jobs=2, split=False, batch_members=1)
+    on = compile_lib.Compiler(toolchain, cache_dir, compile_lib.CompilerOptions(max_jobs=2, split=True, batch_members=1))
+    off = compile_lib.Compiler(toolchain, cache_dir, compile_lib.CompilerOptions(max_jobs=2, split=False, batch_members=1))
     try:
       await asyncio.gather(on.warm_up(), off.warm_up())
       assert await asyncio.wait_for(on.split_ready(), 1800), on.split_stats()
@@ -148,7 +152,8 @@ def _call(*paths: str) -> list:
   # With C++ stack traces on, c10's message names the throwing function's file and line. No GPU
   # visible, as on CI: the calls pass CPU tensors, which a GPU box's kernel launch would fault on.
   env = {**os.environ, "TORCH_SHOW_CPP_STACKTRACES": "1", "CUDA_VISIBLE_DEVICES": ""}
-  proc = subprocess.run([sys.executable, "-c", _CALL, *paths], capture_output=True, text=True,
+  proc = subprocess.run([sys.executable, "-X", "faulthandler", "-c", _CALL, *paths],
+                        capture_output=True, text=True,
                         timeout=300, check=False, env=env)
   assert proc.returncode == 0, proc.stderr[-2000:]
   return json.loads(proc.stdout)
@@ -181,6 +186,16 @@ def test_dice_reference_middles_split_with_the_lite_builds_kernels(built, shared
     assert split.header_tier == "split", (i, split.split_note)
     assert _sass(split.so_path) == _sass(lite.so_path), i
     _same_exports(split.so_path, lite.so_path)
+
+
+def test_both_header_levels_split_from_the_first_build_after_start_up(built):
+  """split_ready (which a server's start-up waits for) covers sources with torch/extension.h and
+  those with torch/types.h alone: neither level's first build finds the split not ready."""
+  results, stats = built
+  split, lite = results["split_types"]
+  assert split.ok and lite.ok, (split.log[-2000:], lite.log[-2000:])
+  assert (split.header_tier, lite.header_tier) == ("split", "lite"), split.split_note
+  assert stats["not_ready"] == 0, stats
 
 
 def test_a_refused_source_builds_by_the_usual_path_with_the_same_outcome(built):

@@ -343,7 +343,7 @@ def init_signature(obj: str, tool: ToolFn = _as_is) -> tuple:
   (mnemonics) and the symbols they refer to (nvcc's registration of the object's own kernels with
   the CUDA runtime by name only); its .init/.fini sections; its indirect (ifunc) symbols."""
   at, bodies = _functions(obj, tool)
-  entries = []
+  entries: list[tuple] = []  # (section, what runs): a closure, "cuda registration", "unknown"...
   section = ""
   for line in _tool(tool, "readelf", "-rW", obj).splitlines():
     head = re.match(r"Relocation section '\.rela?(\S+)'", line)

@@ -32,7 +32,7 @@ it fast (each measured in `benchmarks/verifier_compile.py`):
    headers; a compile whose preprocessed input starts with them sends them only the rest.
    Started and checked by a probe after `warm_up`, which also builds the precompiled host code
    of point 3.
-8. The split path (device_split.py; `split=True`, off by default until measured on a GPU box): a
+8. The split path (device_split.py; `CompilerOptions(split=True)`, off by default): a
    cuda.cu the lite tier would build is first built in two halves, its device code by nvcc
    without torch's headers and its host code by g++ against a precompiled lite header, then
    linked. Sources the cut refuses (split_source.py) and halves that fail take the usual path,
@@ -75,6 +75,7 @@ from verifier_service.compile import header_tiers
 from verifier_service.compile import host_pch
 from verifier_service.compile import limits as limits_lib
 from verifier_service.compile import objects as objects_lib
+from verifier_service.compile import options as options_lib
 from verifier_service.compile import pch as pch_lib
 from verifier_service.compile import procs as compile_procs
 from verifier_service.compile import sources
@@ -84,7 +85,11 @@ from verifier_service.compile import toolchain as toolchain_lib
 log = logging.getLogger(__name__)
 
 LITE, ORIGINAL = header_tiers.LITE, header_tiers.ORIGINAL
+CompilerOptions = options_lib.CompilerOptions  # what Compiler takes, for its callers
 SPLIT = "split"  # BuildResult.header_tier of a cuda.cu built in two halves (device_split.py)
+# The empty extension whose flags the shared builds of start-up are made for (warm_up).
+_PROBE = sources.InlineExtension(name="dice_warmup", cpp_sources=(), cuda_sources=("",),
+                                 functions=())
 _TIERS = (header_tiers.LITE, header_tiers.TYPES)
 _ORIGINAL_PCH = ("#include <torch/extension.h>\n", "torch_extension_pch.h")
 # How a build moves between tiers and paths (which failure is final, which path is tried): part of
@@ -141,20 +146,17 @@ class Compiler:
   """Builds InlineExtensions into loadable modules; a process pool with a content cache."""
 
   def __init__(self, toolchain: toolchain_lib.Toolchain, cache_dir: pathlib.Path,
-               max_jobs: int, max_log_bytes: int = 64 << 10, use_pch: bool = True,
-               light_headers: bool = True, split_nvcc: bool = True,
-               cache_max_bytes: int = compile_cache.DEFAULT_MAX_BYTES, nice: int = 10,
-               main_tiers: bool = True, batch_members: int = batch_lib.MAX_MEMBERS,
-               warm_front_ends: bool = False, limits: limits_lib.Limits | None = None,
-               confine: bool = True, split: bool = False):
+               options: options_lib.CompilerOptions | None = None):
     self.toolchain = toolchain
     self.cache_dir = pathlib.Path(cache_dir)
-    self.max_jobs = max_jobs
-    self.max_log_bytes = max_log_bytes
-    self.use_pch = use_pch
-    self.tiers = _TIERS if light_headers else ()
-    self.main_tiers = (LITE,) if light_headers and main_tiers else ()
-    self.split_nvcc = split_nvcc
+    self.options = options = options or options_lib.CompilerOptions()
+    self.max_jobs = options.max_jobs
+    self.max_log_bytes = options.max_log_bytes
+    self.use_pch = options.use_pch
+    self.tiers = _TIERS if options.light_headers else ()
+    self.main_tiers = (LITE,) if options.light_headers and options.main_tiers else ()
+    self.split_nvcc = split_nvcc = options.split_nvcc
+    use_pch, confine, nice = options.use_pch, options.confine, options.nice
     self._on_progress: Callable[[Progress], None] | None = None
     self._early: list[Progress] = []  # reported before anyone listened (start-up), replayed
     for sub in ("obj", "so", "builds", "pch", "headers", "tmp"):
@@ -163,7 +165,7 @@ class Compiler:
     try:
       self.confinement = confine_lib.Confinement(
           self.cache_dir, toolchain.cuda_root, toolchain.cxx, toolchain.build_env(),
-          limits or limits_lib.Limits(), enabled=confine)
+          options.limits, enabled=confine)
     except confine_lib.ConfinementError:
       self._in_use.close()
       raise
@@ -174,9 +176,9 @@ class Compiler:
     else:
       log.error("compile stage UNCONFINED: compilers read any file this server can and reach the "
                 "network (bounds still apply): %s", self.confinement.describe())
-    self._runner = compile_procs.ProcessRunner(max_jobs, toolchain.build_env(), nice=nice,
+    self._runner = compile_procs.ProcessRunner(self.max_jobs, toolchain.build_env(), nice=nice,
                                                confinement=self.confinement)
-    self._bound = compile_cache.Bound(self.cache_dir, cache_max_bytes, self._protected)
+    self._bound = compile_cache.Bound(self.cache_dir, options.cache_max_bytes, self._protected)
     self._pch = pch_lib.PrecompiledHeaders(self.cache_dir / "pch", self.cache_dir / "tmp",
                                            toolchain.fingerprint, self._runner, self._report,
                                            self._bound.added)
@@ -185,8 +187,9 @@ class Compiler:
         self.cache_dir / "tmp", self.cache_dir / "warm", self._runner.env,
         lambda argv, cwd: self._runner.run(argv, cwd, echo=False), nice=nice,
         confinement=self.confinement
-    ) if (warm_front_ends and split_nvcc and light_headers) else None
+    ) if options.warm_front_ends else None
     self._probe: asyncio.Task | None = None
+    self._split_warm: asyncio.Future | None = None  # warm_up's split_ready, in the background
     # Objects built unconfined (their logs, anything an .incbin read) are never a confined
     # server's, nor the reverse.
     self._objects = objects_lib.Objects(
@@ -201,15 +204,12 @@ class Compiler:
     self._building = 0  # builds in flight: a lone one never waits for a batch
     self._batcher = batch_lib.Batcher(
         self._objects.compile, lambda argv, cwd: self._runner.run(argv, cwd),
-        self.cache_dir / "tmp", batch_members, tool=self.confinement.tool
-    ) if (self.tiers and batch_members > 1) else None
+        self.cache_dir / "tmp", options.batch_members, tool=self.confinement.tool
+    ) if options.batching else None
     self._split = device_split.DeviceSplit(
         self._objects, self._pch, self.cache_dir / "tmp",
         lambda argv, cwd: self._runner.run(argv, cwd, shared=True)
-    ) if (split and self.tiers and use_pch) else None
-    if split:
-      log.info("compile split path: %s", "on" if self._split else
-               "off (it needs header tiers and precompiled headers)")
+    ) if options.split else None
     self._arrivals = itertools.count(1)
     lite = (pathlib.Path(header_tiers.__file__).parent / "torch_lite.h").read_text()
     # Bounds and confinement change what a build may end as (a limit, a withheld diagnostic).
@@ -292,9 +292,10 @@ class Compiler:
   async def close(self) -> None:
     """Cancels shared builds (precompiled headers, header environments, the start-up probe) and
     reaps them; kills warm front ends."""
-    if self._probe is not None:
-      self._probe.cancel()
-      await asyncio.gather(self._probe, return_exceptions=True)
+    for task in (self._probe, self._split_warm):
+      if task is not None:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
     await asyncio.gather(self._pch.close(), self._envs.close(), self._bound.close(),
                          *([self._split.close()] if self._split else []),
                          *([self._front_ends.close()] if self._front_ends else []),
@@ -321,23 +322,26 @@ class Compiler:
     return dict(self._split.stats) if self._split else {}
 
   async def split_ready(self) -> bool:
-    """Waits until phase-1 lite-tier builds can take the split path (its names and precompiled
-    host header exist); False where it is off or cannot serve this toolchain."""
+    """Waits until lite-tier builds of cuda.cu at both levels (sources with torch/extension.h,
+    and with torch/types.h alone, as load_inline writes a source that includes neither) can take
+    the split path: each level has its own names and precompiled host header. False where it is
+    off or cannot serve this toolchain at some level."""
     if self._split is None:
       return False
-    probe = sources.InlineExtension(name="dice_warmup", cpp_sources=(), cuda_sources=("",),
-                                    functions=())
-    flags = self.flags(probe)
-    env = await self._envs.ensure(self._nvcc_argv(flags), "extension")
-    return env is not None and await self._split.ready(env, self._envs.folder(env.key),
-                                                       self._split_argv(flags, env))
+    split = self._split
+    flags = self.flags(_PROBE)
+
+    async def level_ready(level: str) -> bool:
+      env = await self._envs.ensure(self._nvcc_argv(flags), level)
+      return env is not None and await split.ready(env, self._envs.folder(env.key),
+                                                   self._split_argv(flags, env))
+    return all(await asyncio.gather(*map(level_ready, header_tiers.CUDA_LEVELS)))
 
   async def warm_up(self) -> str | None:
     """Prepares what the first request would otherwise wait for: the header tiers and main.cpp's
     precompiled header (the lite one; torch/extension.h's without tiers). Returns that header's
     path if it is precompiled."""
-    probe = sources.InlineExtension(name="dice_warmup", cpp_sources=(), cuda_sources=("",),
-                                    functions=())
+    probe = _PROBE
     flags = self.flags(probe)
 
     async def main_header() -> pch_lib.Header | None:
@@ -353,8 +357,8 @@ class Compiler:
         self._envs.ensure(self._nvcc_argv(flags), "extension") if self.tiers else asyncio.sleep(0))
     if self._front_ends is not None and env is not None and LITE in env.blocks:
       self._probe = asyncio.ensure_future(self._warm_probe(probe, flags, env))
-    if self._split is not None and env is not None:
-      self._split.prepare(env, self._envs.folder(env.key), self._split_argv(flags, env))
+    if self._split is not None and self._split_warm is None:  # both levels, in the background
+      self._split_warm = asyncio.ensure_future(self.split_ready())
     return header.path if header is not None and header.precompiled else None
 
   async def _warm_probe(self, probe: sources.InlineExtension, flags: buildspec.BuildFlags,
@@ -440,17 +444,18 @@ class Compiler:
     start = time.monotonic()
     self._report("compile", f"compiling {ext.name}: main.cpp" + (" and cuda.cu" if cuda_text
                                                                  is not None else ""))
-    tasks = [asyncio.ensure_future(self._main_object(ext, flags, main_text, self.main_tiers))]
-    if cuda_text is not None:
-      tasks.append(asyncio.ensure_future(self._cuda_object(flags, cuda_text, self.tiers,
-                                                           problem=problem)))
+    main_task = asyncio.ensure_future(self._main_object(ext, flags, main_text, self.main_tiers))
+    cuda_task = asyncio.ensure_future(self._cuda_object(
+        flags, cuda_text, self.tiers, problem=problem)) if cuda_text is not None else None
+    tasks: list[asyncio.Future] = [main_task] + ([cuda_task] if cuda_task else [])
     try:
       done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
       for task in done:
-        if isinstance(task.exception(), compile_procs.ProcessFailed):
-          return self._failed(key, task.exception())
-      main_obj, main_tier, main_notes, pch_used = tasks[0].result()
-      cuda_obj, tier, notes = tasks[1].result() if len(tasks) > 1 else (None, "", {})
+        error = task.exception()
+        if isinstance(error, compile_procs.ProcessFailed):
+          return self._failed(key, error)
+      main_obj, main_tier, main_notes, pch_used = main_task.result()
+      cuda_obj, tier, notes = cuda_task.result() if cuda_task else (None, "", {})
       self._report("link", f"linking {ext.name}")
       batch_size, namespace = 0, ""
       if isinstance(cuda_obj, batch_lib.Batched):
@@ -474,7 +479,7 @@ class Compiler:
         except compile_procs.ProcessFailed:
           notes[SPLIT] = "its halves did not link"
           try:
-            cuda_obj, tier, more = await self._cuda_object(flags, cuda_text, self.tiers,
+            cuda_obj, tier, more = await self._cuda_object(flags, cuda_text, self.tiers, False,
                                                            problem=problem, may_split=False)
           except compile_procs.ProcessFailed as e:
             return self._failed(key, e)
@@ -482,6 +487,8 @@ class Compiler:
       batch_note, split_note = notes.pop("batch", ""), notes.pop(SPLIT, "")
       try:
         if not (batch_size or linked):
+          # A batch member and split halves were linked above, or rebuilt as neither.
+          assert cuda_obj is None or isinstance(cuda_obj, str), cuda_obj
           so_path = await self._objects.link(flags, ext.name, main_obj, cuda_obj)
       except compile_procs.ProcessFailed as e:
         if isinstance(e, compile_procs.LimitExceeded) or not (_lighter(main_tier) or
@@ -494,6 +501,7 @@ class Compiler:
           if _lighter(tier):
             notes[tier] = "compiled but did not link"
             cuda_obj, tier, _ = await self._cuda_object(flags, cuda_text, ())
+          assert cuda_obj is None or isinstance(cuda_obj, str), cuda_obj  # no tiers: no batch
           so_path = await self._objects.link(flags, ext.name, main_obj, cuda_obj)
         except compile_procs.ProcessFailed as e2:
           return self._failed(key, e2)

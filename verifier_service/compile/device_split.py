@@ -34,6 +34,7 @@ import asyncio
 import dataclasses
 import logging
 import pathlib
+import typing
 
 from verifier_service.compile import buildspec
 from verifier_service.compile import header_tiers
@@ -142,7 +143,7 @@ class DeviceSplit:
         log.error("the split path failed to run", exc_info=failed[0])
       self.stats["failed"] += 1
       return None, "a half did not compile"
-    (device_obj, _), (host_obj, output) = results
+    (device_obj, _), (host_obj, output) = typing.cast(list[tuple[str, str]], results)
     if pch_lib.REJECTED_RE.search(output):
       log.warning("g++ did not use the split host header: %s", output[-1000:])
     self.stats["split"] += 1

@@ -63,6 +63,7 @@ import re
 
 LITE, TYPES, ORIGINAL = "lite", "types", "original"
 BINDING = "binding"  # the level of load_inline's main.cpp (tier_environment.py)
+CUDA_LEVELS = ("extension", "types")  # original_level's answers: which torch headers cuda.cu has
 
 _HEAVY_RE = re.compile(r'^[ \t]*#[ \t]*include[ \t]*[<"](torch/extension\.h|torch/torch\.h|'
                        r'torch/types\.h|ATen/ATen\.h)[>"][^\n]*$', re.M)
@@ -116,7 +117,7 @@ def original_level(cuda_text: str) -> str | None:
   names = {m.group(1) for m in _HEAVY_RE.finditer(cuda_text)}
   if "torch/types.h" not in names:  # no_implicit_headers sources: left as written
     return None
-  return "extension" if names & _EXTENSION_LEVEL else "types"
+  return CUDA_LEVELS[0] if names & _EXTENSION_LEVEL else CUDA_LEVELS[1]
 
 
 def binding_level(main_text: str) -> str | None:

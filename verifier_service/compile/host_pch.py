@@ -100,4 +100,8 @@ class HostHeaders:
     path.write_text(f'#include "{header.path}"\n' + text[cut:])
     self.used += 1
     command = re.sub(r"^(\s*\S+)", r"\1 -Winvalid-pch", plan.final, count=1)
-    return command, lambda: path.write_text(text)
+    return command, lambda: _write(path, text)
+
+
+def _write(path: pathlib.Path, text: str) -> None:
+  path.write_text(text)

@@ -198,8 +198,9 @@ class ProcessRunner:
     report_r, report_w = os.pipe() if wrapped else (-1, -1)
     limits = None if confinement is None else (
         confinement.limits.shared() if shared else confinement.limits)
-    groups = (confinement.cgroups.group(limits) if wrapped and confinement.cgroups is not None
-              else contextlib.nullcontext([]))
+    groups: contextlib.AbstractAsyncContextManager[list] = (
+        confinement.cgroups.group(limits) if wrapped and confinement.cgroups is not None
+        else contextlib.nullcontext([]))
     try:
       async with groups as folders:
         full = (confinement.argv(argv, rw=cwd, reads=reads, nice=self._nice,

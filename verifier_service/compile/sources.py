@@ -20,6 +20,7 @@ import hashlib
 import json
 import re
 import textwrap
+import typing
 from typing import Any
 
 MAX_FOLDED_CHARS = 8 << 20  # bound on any folded value: no "x" * 10**12 from a hostile candidate
@@ -156,11 +157,12 @@ def fold(node: ast.AST, env: dict[str, Any]) -> Any:
       raise Unresolvable("dict unpacking", node)
     return {fold(k, env): fold(v, env) for k, v in zip(node.keys, node.values)}
   if isinstance(node, ast.JoinedStr):
-    parts = []
+    parts: list[str] = []
     for value in node.values:
-      if isinstance(value, ast.Constant):
-        parts.append(value.value)
+      if isinstance(value, ast.Constant):  # an f-string's literal parts are str
+        parts.append(typing.cast(str, value.value))
         continue
+      assert isinstance(value, ast.FormattedValue), value  # an f-string's only other part
       inner = fold(value.value, env)
       if value.conversion == ord("r"):
         inner = repr(inner)
@@ -335,7 +337,8 @@ def find_load_inline_calls(tree: ast.Module) -> list[ExtractedCall]:
     if not (isinstance(node, ast.Call) and _is_load_inline(node.func, aliases)):
       continue
     # Climb to the statement holding the call and the body that statement belongs to.
-    stmt, scope = node, None
+    stmt: ast.AST = node
+    scope = None
     while stmt in parents:
       parent = parents[stmt]
       if isinstance(stmt, ast.stmt) and stmt in getattr(parent, "body", []):

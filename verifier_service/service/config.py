@@ -17,6 +17,7 @@ from verifier_service import enums
 from verifier_service.compile import batch as batch_lib
 from verifier_service.compile import cache as compile_cache
 from verifier_service.compile import limits as compile_limits_lib
+from verifier_service.compile import options as compile_options_lib
 from verifier_service.compile import toolchain
 from verifier_service.run import job as job_lib
 
@@ -112,6 +113,20 @@ class ServerConfig:
       raise ValueError(f"policy must be one of {sorted(POLICIES)}, got {self.policy!r}")
     if not 0.0 < self.strict_min_fraction <= 1.0:
       raise ValueError(f"strict_min_fraction must be in (0, 1], got {self.strict_min_fraction}")
+    self.compiler_options(gpus=False)  # the compile stage's settings are consistent
+
+  def compiler_options(self, gpus: bool) -> compile_options_lib.CompilerOptions:
+    """The compile stage's settings (raises ValueError for a contradiction, e.g. compile_split
+    without light_headers). Warm front ends serve a GPU verifier's latency: a compile-only or
+    cpu_test_mode server (CI, development) would only pay their start-up probe; they are also off
+    where what they keep warm is (light_headers)."""
+    return compile_options_lib.CompilerOptions(
+        max_jobs=self.compile_workers, max_log_bytes=self.max_log_bytes, use_pch=self.use_pch,
+        light_headers=self.light_headers, cache_max_bytes=self.cache_max_bytes,
+        batch_members=self.batch_members, split=self.compile_split,
+        warm_front_ends=(self.warm_front_ends and gpus and not self.cpu_test_mode
+                         and self.light_headers),
+        limits=self.compile_limits, confine=self.compile_confine)
 
   @property
   def tls(self) -> bool:

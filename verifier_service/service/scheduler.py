@@ -109,15 +109,8 @@ class Scheduler:
     """Discovers the toolchain and GPUs and wires compiler and worker pool for `config`."""
     toolchain = toolchain or toolchain_lib.discover()
     gpus = config.gpus if config.gpus is not None else [g.index for g in toolchain.gpus]
-    # Warm front ends serve a GPU verifier's latency; a compile-only or CPU-test server (CI,
-    # development) would only pay their start-up probe.
-    warm = config.warm_front_ends and bool(gpus) and not config.cpu_test_mode
-    compiler = compile_lib.Compiler(toolchain, config.cache_dir, config.compile_workers,
-                                    config.max_log_bytes, config.use_pch, config.light_headers,
-                                    cache_max_bytes=config.cache_max_bytes,
-                                    batch_members=config.batch_members, warm_front_ends=warm,
-                                    limits=config.compile_limits, confine=config.compile_confine,
-                                    split=config.compile_split)
+    compiler = compile_lib.Compiler(toolchain, config.cache_dir,
+                                    config.compiler_options(gpus=bool(gpus)))
     pool = None
     spec = config.sandbox_spec(toolchain.cuda_root)
     if config.cpu_test_mode:

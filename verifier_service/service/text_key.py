@@ -34,6 +34,7 @@ from __future__ import annotations
 import ast
 import hashlib
 import re
+import typing
 
 _SOURCE_ARGS = {"cpp_sources": 1, "cuda_sources": 2}  # keyword -> position in load_inline
 _LITERAL_MAX = 16  # a char literal longer than this is not one we understand
@@ -183,7 +184,7 @@ def _literal_end(text: str, i: int) -> int:
   return j + 1
 
 
-def _is_load_inline(node: ast.AST) -> bool:
+def _is_load_inline(node: ast.AST) -> typing.TypeGuard[ast.Call]:
   return isinstance(node, ast.Call) and (
       (isinstance(node.func, ast.Name) and node.func.id == "load_inline")
       or (isinstance(node.func, ast.Attribute) and node.func.attr == "load_inline"))
@@ -197,7 +198,7 @@ def _source_groups(tree: ast.Module) -> list[list[ast.Constant]]:
   A source is a literal given as the argument or as an element of a list or tuple given there,
   or a module-level name bound once, to a literal, and read only in such places. Any other
   shape (a concatenation, an f-string, a call) keeps its text."""
-  direct: list[list[ast.AST]] = []
+  direct: list[list[ast.expr]] = []
   for call in filter(_is_load_inline, ast.walk(tree)):
     args = [k.value for k in call.keywords if k.arg in _SOURCE_ARGS]
     args += [a for p, a in enumerate(call.args) if p in _SOURCE_ARGS.values()]
@@ -239,9 +240,10 @@ def _source_groups(tree: ast.Module) -> list[list[ast.Constant]]:
 
   groups = []
   for items in direct:
-    group = [x if isinstance(x, ast.Constant) else literal(x.id) for x in items]
-    if all(c is not None for c in group):
-      groups.append(group)
+    group = [literal(x.id) if isinstance(x, ast.Name) else x for x in items]
+    constants = [c for c in group if isinstance(c, ast.Constant)]
+    if len(constants) == len(group):  # every name bound to a literal
+      groups.append(constants)
   return groups
 
 
@@ -253,7 +255,7 @@ def candidate_key(reference: str, candidate: str, options: bytes) -> str | None:
     return None
   for group in _source_groups(tree):
     try:
-      reduced = [_normalise_c(node.value) for node in group]
+      reduced = [_normalise_c(typing.cast(str, node.value)) for node in group]  # str: checked
     except _Unsure:
       continue
     for node, text in zip(group, reduced):
