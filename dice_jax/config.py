@@ -43,11 +43,14 @@ import os
 import types
 import typing
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal, TypeVar, Union
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, Union
 
 import yaml
 
-T = TypeVar("T")
+if TYPE_CHECKING:
+  from _typeshed import DataclassInstance
+
+T = TypeVar("T", bound="DataclassInstance")
 
 _NULL_WORDS = ("null", "none", "~", "")
 _TRUE_WORDS = ("true", "yes", "on", "1")
@@ -101,9 +104,10 @@ def _convert(value: Any, tp: Any, where: str) -> Any:
   if dataclasses.is_dataclass(tp):
     if value is None:
       value = {}
+    section = typing.cast("type[DataclassInstance]", tp)  # an annotation: a class, not an instance
     if not isinstance(value, Mapping):
-      raise ConfigError(f"{where}: expected a mapping (section {tp.__name__}), got {value!r}")
-    return from_dict(tp, value, where=where)
+      raise ConfigError(f"{where}: expected a mapping (section {section.__name__}), got {value!r}")
+    return from_dict(section, value, where=where)
   if _is_union(tp):
     nullable = type(None) in args
     if nullable and (value is None or (str not in args and isinstance(value, str)
@@ -245,7 +249,7 @@ def _field_type(schema: Any, path: Sequence[str], where: str) -> Any:
       names = [f.name for f in dataclasses.fields(tp) if f.init]
       if key not in names:
         raise _unknown_key(here, key, names)
-      tp = _hints(tp)[key]
+      tp = _hints(typing.cast(type, tp))[key]  # an annotation: a class, not an instance
     elif typing.get_origin(tp) in (dict, Mapping):
       tp = (typing.get_args(tp) or (str, Any))[1]
     else:
@@ -259,7 +263,7 @@ def apply_overrides(schema: type, data: Mapping[str, Any], overrides: Sequence[s
   The value is read as YAML unless the target field is a string (so `run.name=007` stays "007"),
   which lets `optimizer.betas=[0.9,0.95]` and `model.path=null` work as expected.
   """
-  data = to_dict(dict(data))
+  out: dict = to_dict(dict(data))
   for item in overrides:
     key, sep, raw = item.partition("=")
     key = key.strip()
@@ -275,7 +279,7 @@ def apply_overrides(schema: type, data: Mapping[str, Any], overrides: Sequence[s
       except yaml.YAMLError:  # e.g. `[x.json?split=train]`: PyYAML takes no `?` inside a flow list
         bare = raw.strip()
         value = bare[1:-1] if bare.startswith("[") and bare.endswith("]") else raw
-    node = data
+    node = out
     for i, part in enumerate(path[:-1]):
       child = node.get(part)
       if child is not None and not isinstance(child, dict):  # a short form set earlier: expand it
@@ -287,7 +291,7 @@ def apply_overrides(schema: type, data: Mapping[str, Any], overrides: Sequence[s
       node[part] = child
       node = child
     node[path[-1]] = value
-  return data
+  return out
 
 
 BASE_KEY = "base"

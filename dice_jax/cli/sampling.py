@@ -14,6 +14,7 @@ must be > 0, so it becomes top_k=1 at temperature 1), as does `dice eval` with o
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 from dice_jax.sampler.config import DECODE_ATTENTION, DICE_SAMPLING, MODES, SamplerConfig
 
@@ -46,6 +47,7 @@ def from_args(args: argparse.Namespace, *, greedy: bool = False) -> SamplerConfi
 
   Raises ValueError (a ConfigError naming the field) for settings the sampler refuses.
   """
+  sampling: dict[str, Any]
   if greedy or args.temperature == 0:
     sampling = dict(top_k=1, temperature=1.0, top_p=1.0)
   else:

@@ -55,8 +55,9 @@ def resolve(prog: str, load: Callable[[], Any], print_config: bool, where: str =
   return cfg, None
 
 
-def run(prog: str, loop: Callable[..., Any], cfg: Any, stop: StopFlag, *, usage_errors: tuple[type, ...] = (),
-        errors: Mapping[type | tuple[type, ...], tuple[Exit, str]] | None = None,
+def run(prog: str, loop: Callable[..., Any], cfg: Any, stop: StopFlag, *,
+        usage_errors: tuple[type[BaseException], ...] = (),
+        errors: Mapping[type[BaseException] | tuple[type[BaseException], ...], tuple[Exit, str]] | None = None,
         finished: Callable[[Any], Exit | None] | None = None, exported: str = "model") -> Exit:
   """Runs `loop(cfg, should_stop=stop)` and returns the exit code of its result or failure.
 
@@ -70,9 +71,10 @@ def run(prog: str, loop: Callable[..., Any], cfg: Any, stop: StopFlag, *, usage_
   from dice_jax.model.hf_io import CheckpointError as HFCheckpointError  # pylint: disable=import-outside-toplevel
   from dice_jax.train.step import TrainingDiverged  # pylint: disable=import-outside-toplevel
 
-  known = {(ConfigError, UnsupportedModelError, FileNotFoundError, *usage_errors): (Exit.USAGE, ""),
-           **(errors or {}), TrainingDiverged: (Exit.DIVERGED, "training diverged: "),
-           (CheckpointError, HFCheckpointError): (Exit.CHECKPOINT, "checkpoint error: ")}
+  known: dict[type[BaseException] | tuple[type[BaseException], ...], tuple[Exit, str]] = {
+      (ConfigError, UnsupportedModelError, FileNotFoundError, *usage_errors): (Exit.USAGE, ""),
+      **(errors or {}), TrainingDiverged: (Exit.DIVERGED, "training diverged: "),
+      (CheckpointError, HFCheckpointError): (Exit.CHECKPOINT, "checkpoint error: ")}
   try:
     with stop:
       result = loop(cfg, should_stop=stop)

@@ -153,8 +153,9 @@ class KernelGenerator:
     if arch is not None:
       arch_lib.parse(arch)  # an unknown architecture fails before anything is started
     self._owns_connection = not isinstance(verifier, connect_lib.Connection)
-    self.connection = (connect_lib.connect(verifier, use=EVALUATION, connect_timeout_s=connect_timeout_s)
-                       if self._owns_connection else verifier)
+    self.connection: connect_lib.Connection = (
+        verifier if isinstance(verifier, connect_lib.Connection)
+        else connect_lib.connect(verifier, use=EVALUATION, connect_timeout_s=connect_timeout_s))
     try:
       nvcc = [i.environment.nvcc_version for i in self.connection.info.values()]
       resolved = arch or (self.connection.archs[0] if self.connection.archs else None)

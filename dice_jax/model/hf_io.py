@@ -173,7 +173,8 @@ def save_pretrained(model: Transformer, out_dir: str | os.PathLike, *, dtype: st
   disk_dtype = np.dtype(jnp.dtype(dtype or config.param_dtype))
   arrays = {path: v.get_value() for path, v in _paths_and_variables(nnx.state(model))[0]}
   table = hf_names.param_table(config)
-  entries = [(p, None) for p in table if not p.layered and p.path == ("embed",)]
+  entries: list[tuple[hf_names.HFParam, int | None]] = [
+      (p, None) for p in table if not p.layered and p.path == ("embed",)]
   entries += [(p, i) for i in range(config.num_layers) for p in table if p.layered]
   entries += [(p, None) for p in table if not p.layered and p.path != ("embed",)]
 

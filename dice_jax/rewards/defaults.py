@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import typing
 from collections.abc import Sequence
 from typing import Literal
 
@@ -44,7 +45,7 @@ from dice_jax.config import require
 from dice_jax.data import extract
 from dice_jax.rewards import custom as custom_lib
 from dice_jax.rewards.custom import CustomReward
-from dice_jax.rewards.shaping import (DEFAULT_EXCLUDED, HackPolicy, RewardComponent, RewardFn,
+from dice_jax.rewards.shaping import (DEFAULT_EXCLUDED, HackPolicy, Normalize, RewardComponent, RewardFn,
                                       RewardShaper)
 
 Preset = Literal["default", "dice_binary", "compile_only"]
@@ -114,7 +115,7 @@ def kernel_share_reward(prompts, completions, verdicts: Sequence[pb.Verdict], **
 def resolve_preset(preset: str, has_gpu: bool | None = None) -> Preset:
   """The preset to use: `auto` is compile_only unless a verifier has a GPU, then default."""
   if preset != AUTO:
-    return preset
+    return typing.cast(Preset, preset)  # RewardConfig checked it is AUTO or a preset
   if has_gpu is None:
     raise ValueError("reward preset 'auto' depends on the verifier: give has_gpu")
   return "default" if has_gpu else "compile_only"
@@ -155,7 +156,12 @@ class RewardConfig:
   def custom_components(self) -> list[RewardComponent]:
     """The `custom` functions, imported now (a bad path fails here, naming its key)."""
     return [RewardComponent(name, custom_lib.load(spec.fn, name), self.weights.get(name, spec.weight),
-                            self.normalize.get(name, spec.normalize)) for name, spec in self.custom.items()]
+                            self.normalize_of(name, spec.normalize)) for name, spec in self.custom.items()]
+
+  def normalize_of(self, name: str, default: Normalize) -> Normalize:
+    """Component `name`'s normalisation, `default` when unset. The values are typed `str` for the
+    config loader (so __post_init__ words the error); __post_init__ checked each one."""
+    return typing.cast(Normalize, self.normalize.get(name, default))
 
 
 def _functions(config: RewardConfig) -> dict[str, RewardFn]:
@@ -171,7 +177,7 @@ def make_shaper(config: RewardConfig = RewardConfig(), extra: Sequence[RewardCom
   preset = resolve_preset(config.preset, has_gpu)
   functions = _functions(config)
   weights = PRESET_WEIGHTS[preset] | {k: v for k, v in config.weights.items() if k in functions}
-  components = [RewardComponent(name, functions[name], weight, config.normalize.get(name, "none"))
+  components = [RewardComponent(name, functions[name], weight, config.normalize_of(name, "none"))
                 for name, weight in weights.items()]
   exclude = DEFAULT_EXCLUDED - {pb.NO_GPU} if preset == "compile_only" else DEFAULT_EXCLUDED
   hack = HackPolicy(mode=config.hack_mode, penalty=config.hack_penalty)

@@ -14,6 +14,7 @@ curriculum, rewards, verifier, pipeline, kl_guard, optimizer, mesh, distributed,
 from __future__ import annotations
 
 import dataclasses
+import typing
 from typing import Literal
 
 from dice.verifier.v1 import verifier_pb2 as pb
@@ -25,11 +26,17 @@ from dice_jax.metrics_log import LoggingConfig
 from dice_jax.rewards.defaults import RewardConfig
 from dice_jax.rl.update import AlgoSection
 from dice_jax.rl.warm_start import WarmStartSection
-from dice_jax.sampler.config import MODES, SamplerConfig
+from dice_jax.sampler.config import Mode, SamplerConfig
 from dice_jax.train.model_setup import ModelSection
 from dice_jax.train.optim import OptimizerConfig
 from dice_jax.verifier.defaults import PRECISION_NAMES, TRAINING
 from dice_jax.verifier.options import verify_options
+
+# The verifier's PRECISION_NAMES as a type (a type checker cannot read `Literal[A_TUPLE]`).
+PrecisionName = Literal["fp32", "fp16", "bf16"]
+if typing.get_args(PrecisionName) != PRECISION_NAMES:
+  raise ImportError(f"PrecisionName lists {typing.get_args(PrecisionName)}, the verifier "
+                    f"{PRECISION_NAMES}: make them the same")
 
 BUILTIN_TEMPLATE_PREFIX = "builtin:"
 
@@ -94,7 +101,7 @@ class RolloutSection(SamplerConfig):
   the tokenizer's and the chat end-of-turn ids.
   """
   gen_length: int = 32  # new tokens; DICE: 4096
-  mode: Literal[MODES] = "dynamic"  # DICE's: commit every token with confidence >= threshold
+  mode: Mode = "dynamic"  # DICE's: commit every token with confidence >= threshold
   prompts_per_step: int = 2  # DICE: 64
   group_size: int = 4  # responses per prompt (G); DICE: 16
   # Rows per sampler call (a multiple of the data x fsdp devices); null: all rows in one call.
@@ -161,7 +168,7 @@ class VerifierSection:
   request_timeout_s: float = TRAINING.request_timeout_s  # per request, send to verdict
   max_in_flight: int = TRAINING.max_in_flight_per_stream
   auth_token_file: str | None = None
-  precision: Literal[PRECISION_NAMES] = "fp32"
+  precision: PrecisionName = "fp32"
   num_correctness_trials: int = 0  # 0: the server's default
   atol: float = 0.0  # correctness tolerances; 0: the server's per-precision default (fp32 1e-4)
   rtol: float = 0.0

@@ -31,11 +31,11 @@ _STEP_FILE = re.compile(r"^step_(\d+)\.jsonl$")
 
 def pick_rows(phases: Sequence[int], group_size: int, per_phase: int) -> list[int]:
   """Up to `per_phase` row indices of each phase, the first response of each group first."""
-  phases = np.asarray(phases)
-  order = sorted(range(len(phases)), key=lambda r: (r % group_size, r // group_size))
+  phase_B = np.asarray(phases)
+  order = sorted(range(len(phase_B)), key=lambda r: (r % group_size, r // group_size))
   picked: list[int] = []
-  for phase in sorted(set(phases.tolist())):
-    picked += [r for r in order if phases[r] == phase][:per_phase]
+  for phase in sorted(set(phase_B.tolist())):
+    picked += [r for r in order if phase_B[r] == phase][:per_phase]
   return sorted(picked)
 
 

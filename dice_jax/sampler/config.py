@@ -23,6 +23,7 @@ truncated distribution instead, which makes every greedy (top_k=1) confidence 1.
 from __future__ import annotations
 
 import dataclasses
+import typing
 from typing import TYPE_CHECKING, Literal
 
 from dice_jax.config import ConfigError
@@ -30,8 +31,12 @@ from dice_jax.config import ConfigError
 if TYPE_CHECKING:  # only an annotation: reading SamplerConfig must not import JAX (see __init__.py)
   from dice_jax.model.config import ModelConfig
 
-MODES = ("static", "dynamic")
-DECODE_ATTENTION = ("auto", "xla", "pallas")
+# The Literal types are written out (a type checker cannot read `Literal[A_TUPLE]`); the tuples are
+# read from them, so the two cannot drift.
+Mode = Literal["static", "dynamic"]
+DecodeAttention = Literal["auto", "xla", "pallas"]
+MODES: tuple[str, ...] = typing.get_args(Mode)
+DECODE_ATTENTION: tuple[str, ...] = typing.get_args(DecodeAttention)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,7 +45,7 @@ class SamplerConfig:
   gen_length: int = 256  # new tokens per sequence (the canvas's generated region)
   block_size: int | None = None  # None: the model's block_size (SDAR); 32 for bidirectional models
   steps_per_block: int | None = None  # None: block_size (one token per step in static mode)
-  mode: Literal[MODES] = "static"  # static | dynamic (see module docstring)
+  mode: Mode = "static"  # static | dynamic (see module docstring)
   threshold: float = 0.9  # dynamic mode: commit every token at least this confident
   temperature: float = 1.0  # > 0; the log-probs are those of softmax(logits / temperature)
   top_k: int = 0  # 0: off; 1: greedy
@@ -49,7 +54,7 @@ class SamplerConfig:
   pad_id: int | None = None  # fills never-generated positions; None: model pad id, else eos, else 0
   max_length: int | None = None  # prompt + generation (+ suffix) limit; None: model max positions
   kv_cache: bool = True  # block models: exact KV cache; False recomputes the whole canvas each step
-  decode_attention: Literal[DECODE_ATTENTION] = "auto"  # cached attention: auto (Pallas on GPU) | xla | pallas
+  decode_attention: DecodeAttention = "auto"  # cached attention: auto (Pallas on GPU) | xla | pallas
 
   def __post_init__(self):
     checks = [

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import typing
 from collections.abc import Iterable
 
 import tokenizers
@@ -41,7 +42,8 @@ def _merges(texts: Iterable[str], vocab_size: int) -> list[tuple[str, str]]:
                                 initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
   trainer_tok.train_from_iterator(texts, trainer)
   merges = json.loads(trainer_tok.to_str())["model"]["merges"]
-  return [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in merges]
+  # Each merge is a pair: "a b" in older tokenizers' JSON, ["a", "b"] in newer.
+  return [typing.cast(tuple[str, str], tuple(m.split(" ")) if isinstance(m, str) else tuple(m)) for m in merges]
 
 
 def write_bpe_tokenizer(out_dir: str | os.PathLike, texts: Iterable[str], vocab_size: int) -> pathlib.Path:

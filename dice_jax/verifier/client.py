@@ -69,7 +69,7 @@ def cache_key(item: VerifyItem, options: VerifyOptions) -> str:
   return h.hexdigest()
 
 
-def infra_verdict(request_id: str, message: str, stage: int = pb.STAGE_QUEUE) -> Verdict:
+def infra_verdict(request_id: str, message: str, stage: pb.Stage = pb.STAGE_QUEUE) -> Verdict:
   """An INFRA_ERROR verdict made on the client (the verifier could not be asked or did not answer)."""
   return Verdict(request_id=request_id, outcome=pb.INFRA_ERROR, stage=stage, message=message)
 

@@ -11,11 +11,11 @@ from __future__ import annotations
 from dice.verifier.v1 import verifier_pb2 as pb
 from dice_jax.verifier.defaults import POLICY_NAMES, PRECISION_NAMES
 
-PRECISIONS: dict[str, int] = {name: pb.Precision.Value(name.upper()) for name in PRECISION_NAMES}
-POLICIES: dict[str, int] = {name: pb.Policy.Value(f"POLICY_{name.upper()}") for name in POLICY_NAMES}
+PRECISIONS: dict[str, pb.Precision] = {name: pb.Precision.Value(name.upper()) for name in PRECISION_NAMES}
+POLICIES: dict[str, pb.Policy] = {name: pb.Policy.Value(f"POLICY_{name.upper()}") for name in POLICY_NAMES}
 
 
-def precision_enum(name: str) -> int:
+def precision_enum(name: str) -> pb.Precision:
   """`fp32` -> pb.FP32; ValueError naming the choices for anything else."""
   if name not in PRECISIONS:
     raise ValueError(f"precision must be one of {sorted(PRECISIONS)}, got {name!r}")
