@@ -21,7 +21,7 @@ from collections.abc import Sequence
 
 import jax
 from flax import nnx
-from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
+from jax.sharding import AbstractMesh, AxisType, Mesh, NamedSharding, PartitionSpec
 
 MESH_AXES = ("data", "fsdp", "tensor")
 
@@ -70,7 +70,7 @@ def make_mesh(data: int = 1, fsdp: int = -1, tensor: int = 1, *,
 
 
 def logical_to_spec(axes: Sequence[str | None], shape: Sequence[int] | None = None,
-                    mesh: Mesh | None = None) -> PartitionSpec:
+                    mesh: Mesh | AbstractMesh | None = None) -> PartitionSpec:
   """PartitionSpec for logical `axes` under LOGICAL_AXIS_RULES.
 
   With `shape` and `mesh`, a dimension that the mesh axes do not divide is replicated instead

@@ -21,6 +21,7 @@ x's dtype before its two matmuls (as autodiff of a bf16 logits matmul does).
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -93,7 +94,8 @@ def _run(x_BxLxD, head_DxV, targets_BxL, weights_BxL, chunk: int, with_grads: bo
     dhead_acc, nll, dx_c = jax.lax.cond(jnp.any(w_c != 0), compute, skip, dhead_acc, x_c, t_c, w_c)
     return dhead_acc, (nll, dx_c)
 
-  init = sharding.constrain(jnp.zeros(head_DxV.shape, jnp.float32), _HEAD_AXES) if with_grads else ()
+  # The scan's carry: d/dhead's float32 accumulator, or () when no gradient is wanted.
+  init: Any = sharding.constrain(jnp.zeros(head_DxV.shape, jnp.float32), _HEAD_AXES) if with_grads else ()
   chunks = (_to_chunks(x_BxLxD, chunk), _to_chunks(targets_BxL.astype(jnp.int32), chunk),
             _to_chunks(weights_BxL, chunk))
   dhead_DxV, (nll, dx) = jax.lax.scan(body, init, chunks)

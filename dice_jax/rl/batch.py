@@ -55,7 +55,7 @@ class RLBatch:
     the KL is to a frozen reference (advantages, weights and prox_logp are the update's own, so absent)."""
     sizes = {"B": rows, "P": prompt_width, "G": gen_length, "2": 2}
     present = {"rewards", "reward_valid"} | ({"ref_logp"} if with_ref else set())
-    values = {}
+    values: dict[str, Any] = {}  # ShapeDtypeStructs where the fields are typed as arrays
     for field in dataclasses.fields(cls):
       dims, dtype = cls.SHAPES[field.name]
       required = field.default is dataclasses.MISSING

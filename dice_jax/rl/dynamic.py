@@ -85,7 +85,7 @@ def fill(first: Sampled, more: Callable[[int], Sampled], *, groups: int, group_s
   else:
     index = jnp.asarray(rows)
     batch = jax.tree.map(lambda *xs: jnp.concatenate(xs)[index], *[s.rollout.batch for s in parts])
-  batch = batch.replace(rewards=reward_array(total, "float32"), reward_valid=reward_array(valid, "bool"))
+  batch = dataclasses.replace(batch, rewards=reward_array(total, "float32"), reward_valid=reward_array(valid, "bool"))
   sampled = sum(len(s) for s in signal)
   metrics = {"dynamic/dropped_groups": float(sampled - sum(int(s.sum()) for s in signal)),
              "dynamic/refills": float(len(parts) - 1),

@@ -20,6 +20,7 @@ The scale is part of the optimizer state, so it is checkpointed and a resumed ru
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Mapping
 
@@ -55,7 +56,7 @@ class KLGuard:
         raise KLSpike(f"KL spike at step {step}: kl {kl:.4g} > kl_guard.max_kl {cfg.max_kl:g}; {kept}")
       cut = scale_lr(state.opt_state, cfg.lr_factor)
       before = float(lr_scale(state.opt_state))
-      state = state.replace(opt_state=cut)
+      state = dataclasses.replace(state, opt_state=cut)
       log.warning("KL spike at step %d: kl %.4g > kl_guard.max_kl %g; learning-rate scale %.4g -> %.4g",
                   step, kl, cfg.max_kl, before, before * cfg.lr_factor)
     scale = lr_scale(state.opt_state)

@@ -36,7 +36,7 @@ import math
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import jax
 import jax.numpy as jnp
@@ -208,8 +208,8 @@ class _Loop:
                             max_refills=self.cfg.rollout.max_refills, reward_array=self.engine.reward_array)
       batch, extra = filled.batch, filled.metrics
     else:
-      batch = current.batch.replace(rewards=self.engine.reward_array(scored.result.total, "float32"),
-                                    reward_valid=self.engine.reward_array(scored.result.valid, "bool"))
+      batch = dataclasses.replace(current.batch, rewards=self.engine.reward_array(scored.result.total, "float32"),
+                                  reward_valid=self.engine.reward_array(scored.result.valid, "bool"))
     batch = jax.device_put(batch, self.batch_sharding)
     self.state, device_metrics = self.run.compiled(self.state, batch)
     metrics = {k: float(v) for k, v in jax.device_get(device_metrics).items()}
@@ -220,9 +220,10 @@ class _Loop:
                                            last_checkpoint=self.run.checkpointer.latest_step())
     metrics |= extra | guarded
     if len(scored.speedups):
-      logger.histogram(current.step + 1, "speedup_dist", scored.speedups)
+      speedups = cast(Sequence[float], scored.speedups)  # a 1-D float array: read as a sequence
+      logger.histogram(current.step + 1, "speedup_dist", speedups)
       if logger.enabled:
-        summary.append_speedups(logger.run_dir, current.step + 1, scored.speedups)
+        summary.append_speedups(logger.run_dir, current.step + 1, speedups)
     return metrics | scored.metrics
 
   def _log(self, logger: MetricsLogger, metrics: Mapping[str, float], current: InFlight) -> None:

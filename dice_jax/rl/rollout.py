@@ -128,11 +128,12 @@ class RolloutEngine:
         part = RLBatch(prompt=prompt, prompt_lengths=plen, tokens=rollout.tokens, valid=rollout.valid,
                        commit_rank=rollout.commit_rank, old_logp=rollout.logprobs, score_keys=self._put(keys[mine]))
         if algo.old_logprobs == "recompute":
-          part = part.replace(old_logp=self._score(params, self.spec, algo.logprob, part, algo.prompt_mask_prob)[0])
+          part = dataclasses.replace(
+              part, old_logp=self._score(params, self.spec, algo.logprob, part, algo.prompt_mask_prob)[0])
           mismatch.append(jnp.sum(jnp.abs(part.old_logp - rollout.logprobs) * rollout.valid))
         if self.ref_params is not None:
-          part = part.replace(ref_logp=self._score(self.ref_params, self.spec, algo.logprob, part,
-                                                   algo.prompt_mask_prob)[0])
+          part = dataclasses.replace(part, ref_logp=self._score(self.ref_params, self.spec, algo.logprob, part,
+                                                                algo.prompt_mask_prob)[0])
         chunks.append(part)
         finished.append(rollout.finished)
     batch = jax.tree.map(lambda *parts: jnp.concatenate(parts), *chunks)

@@ -82,8 +82,8 @@ class Run:
 
   def __init__(self, cfg: RLConfig, run_dir: str):
     self.cfg, self.run_dir = cfg, run_dir
-    self.connection = None
-    self.checkpointer = None
+    self.connection: connect_lib.Connection | None = None
+    self.checkpointer: Checkpointer | None = None
 
   def __enter__(self) -> Run:
     try:

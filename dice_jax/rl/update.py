@@ -152,10 +152,11 @@ def make_update_step(graphdef: nnx.GraphDef, spec: Resolved, algo: AlgoSection, 
     adv_PxG, weight_PxG, adv_metrics = advantages_lib.compute(
         algo.advantage, batch.rewards.reshape(rows // group_size, group_size),
         batch.reward_valid.reshape(rows // group_size, group_size))
-    batch = batch.replace(advantages=adv_PxG.reshape(rows), weights=weight_PxG.reshape(rows))
+    batch = dataclasses.replace(batch, advantages=adv_PxG.reshape(rows), weights=weight_PxG.reshape(rows))
     if decoupled:
-      batch = batch.replace(prox_logp=_proximal_logp(graphdef, spec, algo, state.params, batch,
-                                                     num_minibatches * grad_accum_steps, compute_dtype))
+      batch = dataclasses.replace(
+          batch, prox_logp=_proximal_logp(graphdef, spec, algo, state.params, batch,
+                                          num_minibatches * grad_accum_steps, compute_dtype))
     state, per_mb = jax.lax.scan(train_step, state, _strided_split(batch, num_minibatches))
     metrics = {k: reduce_metric(k, v) for k, v in per_mb.items()}
     scale = lr_scale(state.opt_state)

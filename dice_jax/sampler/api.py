@@ -17,6 +17,7 @@ Lengths are checked here and in `sample`: nothing is ever truncated silently.
 from __future__ import annotations
 
 import functools
+import typing
 from collections.abc import Sequence
 
 import jax
@@ -100,13 +101,15 @@ def pad_batch(sequences, lengths=None, *, what: str, vocab_size: int, allow_empt
 
 def _mesh_of(state: nnx.State) -> jax.sharding.Mesh | None:
   leaf = jax.tree.leaves(state)[0]
-  return leaf.sharding.mesh if isinstance(leaf.sharding, jax.sharding.NamedSharding) else None
+  if not isinstance(leaf.sharding, jax.sharding.NamedSharding):
+    return None
+  return typing.cast(jax.sharding.Mesh, leaf.sharding.mesh)  # a placed array's: concrete, not abstract
 
 
 def sample(model: Transformer, prompt_ids: Sequence[Sequence[int]] | np.ndarray, rng: jax.Array,
-           config: SamplerConfig, *, prompt_lengths: Sequence[int] | None = None,
+           config: SamplerConfig, *, prompt_lengths: Sequence[int] | np.ndarray | None = None,
            suffix_ids: Sequence[Sequence[int]] | np.ndarray | None = None,
-           suffix_lengths: Sequence[int] | None = None) -> Rollout:
+           suffix_lengths: Sequence[int] | np.ndarray | None = None) -> Rollout:
   """Decode a batch of prompts (token lists, or a padded array with `prompt_lengths`).
 
   `suffix_ids` (bidirectional models only) makes it infilling: each row's generated middle of

@@ -26,6 +26,8 @@ the block-causal mask (the reference the cached path is tested against).
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 from flax import nnx, struct
@@ -187,8 +189,8 @@ class BlockSampler:
     row_complete = ~jnp.any(masked_Bxb & ~commit, axis=1)
     eos_here = jnp.any(_slice_block(layout.gen_BxS, start, b) & jnp.isin(blk, jnp.asarray(s.eos_ids or (-1,))),
                        axis=1)
-    return st.replace(
-        canvas_BxS=_put_block(st.canvas_BxS, blk, start),
+    return dataclasses.replace(
+        st, canvas_BxS=_put_block(st.canvas_BxS, blk, start),
         commit_step_BxS=_put_block(st.commit_step_BxS, steps, start),
         logprob_BxS=_put_block(st.logprob_BxS, logps, start),
         done_B=st.done_B | (row_complete & eos_here),
@@ -199,7 +201,7 @@ class BlockSampler:
     k/v), then on to the next block."""
     st = self.step(layout, rng, st, with_previous=self.config.kv_cache)
     st = jax.lax.while_loop(lambda st: self.cond(layout, st), lambda st: self.step(layout, rng, st), st)
-    return st.replace(block=st.block + 1, block_step=jnp.zeros_like(st.block_step))
+    return dataclasses.replace(st, block=st.block + 1, block_step=jnp.zeros_like(st.block_step))
 
   def finish(self, layout: Layout, st: LoopState) -> Rollout:
     b, s = layout.block_size, self.settings

@@ -11,6 +11,7 @@ does not fit in memory fails at start-up, with the compiled memory analysis in t
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -96,7 +97,7 @@ def make_train_step(loss_fn: LossFn, tx: optax.GradientTransformation,
     params = optax.apply_updates(state.params, updates)
     metrics = {"loss": loss, "grad_norm": optax.tree.norm(grads),
                "lr": jnp.asarray(schedule(state.step), jnp.float32), **aux}
-    new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state, rng=rng)
+    new_state = dataclasses.replace(state, step=state.step + 1, params=params, opt_state=opt_state, rng=rng)
     return new_state, metrics
 
   return train_step
@@ -123,7 +124,8 @@ def compile_train_step(train_step: Callable, abstract_state: TrainState, abstrac
   `compiled(state, batch, context)` when compiled with an `abstract_context`. Metrics come back
   replicated, so reading them on any host needs no gather.
   """
-  args, shardings = (abstract_state, abstract_batch), (state_sharding, batch_sharding)
+  args: tuple[Any, ...] = (abstract_state, abstract_batch)
+  shardings: tuple[Any, ...] = (state_sharding, batch_sharding)
   if abstract_context is not None:
     args, shardings = args + (abstract_context,), shardings + (context_sharding,)
   jitted = jax.jit(train_step, in_shardings=shardings,

@@ -7,7 +7,7 @@ mirror their parameter, scalars (step, counts, RNG) are replicated.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import jax
 import jax.numpy as jnp
@@ -35,15 +35,16 @@ def state_shardings(tx: optax.GradientTransformation, params_sharding: Any,
   opt_sharding = optax.tree_map_params(
       tx, lambda _, sharding: sharding, abstract_opt, params_sharding,
       transform_non_params=lambda _: replicated(mesh))
-  return TrainState(step=replicated(mesh), params=params_sharding, opt_state=opt_sharding,
-                    rng=replicated(mesh))
+  # A TrainState-shaped pytree of shardings (as jit and orbax take them): its leaves are not arrays.
+  return TrainState(step=cast(Any, replicated(mesh)), params=params_sharding, opt_state=opt_sharding,
+                    rng=cast(Any, replicated(mesh)))
 
 
 def abstract_state(tx: optax.GradientTransformation, abstract_params: Any,
                    shardings: TrainState) -> TrainState:
   """ShapeDtypeStructs carrying shardings: the restore target, and what the step compiles for."""
   shapes = TrainState(
-      step=jax.ShapeDtypeStruct((), jnp.int32),
+      step=cast(Any, jax.ShapeDtypeStruct((), jnp.int32)),  # a pytree of shapes, not of arrays
       params=abstract_params,
       opt_state=jax.eval_shape(tx.init, abstract_params),
       rng=jax.eval_shape(lambda: jax.random.PRNGKey(0)))
