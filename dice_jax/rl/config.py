@@ -14,7 +14,6 @@ curriculum, rewards, verifier, pipeline, kl_guard, optimizer, mesh, distributed,
 from __future__ import annotations
 
 import dataclasses
-import typing
 from typing import Literal
 
 from dice.verifier.v1 import verifier_pb2 as pb
@@ -29,14 +28,9 @@ from dice_jax.rl.warm_start import WarmStartSection
 from dice_jax.sampler.config import Mode, SamplerConfig
 from dice_jax.train.model_setup import ModelSection
 from dice_jax.train.optim import OptimizerConfig
-from dice_jax.verifier.defaults import PRECISION_NAMES, TRAINING
+from dice_jax.verifier.defaults import PrecisionName, TRAINING
 from dice_jax.verifier.options import verify_options
 
-# The verifier's PRECISION_NAMES as a type (a type checker cannot read `Literal[A_TUPLE]`).
-PrecisionName = Literal["fp32", "fp16", "bf16"]
-if typing.get_args(PrecisionName) != PRECISION_NAMES:
-  raise ImportError(f"PrecisionName lists {typing.get_args(PrecisionName)}, the verifier "
-                    f"{PRECISION_NAMES}: make them the same")
 
 BUILTIN_TEMPLATE_PREFIX = "builtin:"
 

@@ -9,6 +9,8 @@ import, so the command-line parsers can read it and `dice --help` stays fast.
 from __future__ import annotations
 
 import dataclasses
+import typing
+from typing import Literal
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,5 +37,6 @@ EVALUATION = UseDefaults(connect_timeout_s=10.0, request_timeout_s=1800.0, max_i
 
 
 # The names a user gives for VerifyOptions fields (options.py maps them to the proto's enums).
-PRECISION_NAMES = ("fp32", "fp16", "bf16")
+PrecisionName = Literal["fp32", "fp16", "bf16"]
+PRECISION_NAMES: tuple[PrecisionName, ...] = typing.get_args(PrecisionName)
 POLICY_NAMES = ("default", "strict")  # partial replacement: KernelBench/DICE's, or torch only for glue
