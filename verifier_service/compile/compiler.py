@@ -150,13 +150,10 @@ class Compiler:
     self.toolchain = toolchain
     self.cache_dir = pathlib.Path(cache_dir)
     self.options = options = options or options_lib.CompilerOptions()
-    self.max_jobs = options.max_jobs
-    self.max_log_bytes = options.max_log_bytes
-    self.use_pch = options.use_pch
     self.tiers = _TIERS if options.light_headers else ()
     self.main_tiers = (LITE,) if options.light_headers and options.main_tiers else ()
-    self.split_nvcc = split_nvcc = options.split_nvcc
-    use_pch, confine, nice = options.use_pch, options.confine, options.nice
+    use_pch, split_nvcc = options.use_pch, options.split_nvcc
+    confine, nice = options.confine, options.nice
     self._on_progress: Callable[[Progress], None] | None = None
     self._early: list[Progress] = []  # reported before anyone listened (start-up), replayed
     for sub in ("obj", "so", "builds", "pch", "headers", "tmp"):
@@ -176,7 +173,7 @@ class Compiler:
     else:
       log.error("compile stage UNCONFINED: compilers read any file this server can and reach the "
                 "network (bounds still apply): %s", self.confinement.describe())
-    self._runner = compile_procs.ProcessRunner(self.max_jobs, toolchain.build_env(), nice=nice,
+    self._runner = compile_procs.ProcessRunner(options.max_jobs, toolchain.build_env(), nice=nice,
                                                confinement=self.confinement)
     self._bound = compile_cache.Bound(self.cache_dir, options.cache_max_bytes, self._protected)
     self._pch = pch_lib.PrecompiledHeaders(self.cache_dir / "pch", self.cache_dir / "tmp",
@@ -345,7 +342,7 @@ class Compiler:
     flags = self.flags(probe)
 
     async def main_header() -> pch_lib.Header | None:
-      if not self.use_pch:
+      if not self.options.use_pch:
         return None
       if not self.main_tiers:
         return await self._original_pch(flags)
@@ -529,7 +526,8 @@ class Compiler:
     variants, notes = header_tiers.plan(main_text, env, tiers, level=level)
     for tier, text in variants:
       if tier == ORIGINAL:
-        header = await self._original_pch(flags) if self.use_pch and not as_written else None
+        header = (await self._original_pch(flags)
+                  if self.options.use_pch and not as_written else None)
         if header is not None and not header.precompiled:
           header = None  # compile as written, without it
       else:
@@ -642,7 +640,7 @@ class Compiler:
     whose log is just the limit's line (the verdict's message quotes a timeout's log whole)."""
     cpu = isinstance(error, compile_procs.LimitExceeded) and error.limit == limits_lib.Limit.CPU
     text, truncated = bound_log(error.log.split("\n", 1)[0] if cpu else error.log,
-                                self.max_log_bytes)
+                                self.options.max_log_bytes)
     result = BuildResult(ok=False, log=text, log_truncated=truncated, cache_key=key,
                          timed_out=cpu)
     self._write_record(key, result)
@@ -670,7 +668,7 @@ class Compiler:
     if tier not in env.blocks:
       return None
     name = header_tiers.header_name(tier)
-    if not self.use_pch:
+    if not self.options.use_pch:
       return pch_lib.Header(str(self._envs.folder(env.key) / name), False)
     header = await self._pch.ensure(flags.cxx, flags.cflags,
                                     header_tiers.header_text(env.blocks[tier]), name,

@@ -59,8 +59,9 @@ class ServerConfig:
   # (compile/batch.py); 0 or 1: each alone.
   batch_members: int = batch_lib.MAX_MEMBERS
   # cuda.cu in two halves where the cut accepts it: device code by nvcc without torch, host code
-  # by g++ against a precompiled lite header (compile/device_split.py). Off until measured on a
-  # GPU box; every source it refuses, and every half that fails, takes the usual path.
+  # by g++ against a precompiled lite header (compile/device_split.py); every source it refuses,
+  # and every half that fails, takes the usual path. Off by default: it paid on DICE-sized kernels
+  # on an H200 box (BENCHMARKS.md), which is the only workload it has been measured on there.
   compile_split: bool = False
   # nvcc's front ends started ahead of time on the shared headers (compile/front_ends.py), for
   # a lone compile's latency; only on a server with GPUs, never in cpu_test_mode.
