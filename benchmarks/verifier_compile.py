@@ -155,7 +155,9 @@ async def _bursts(args: argparse.Namespace, toolchain: toolchain_lib.Toolchain, 
   if args.skip_steady:
     rows = rows[:1] + rows[2:]
   for name, batch, members in rows:
-    compiler = compile_lib.Compiler(toolchain, cache, compile_lib.CompilerOptions(max_jobs=args.jobs, batch_members=members))
+    compiler = compile_lib.Compiler(toolchain, cache,
+                                    compile_lib.CompilerOptions(max_jobs=args.jobs,
+                                                                batch_members=members))
     try:
       print(f"{name}: {len(batch)} candidates at once, {args.jobs} compiler processes, "
             f"batches of up to {members}", flush=True)
@@ -203,7 +205,8 @@ async def run(args: argparse.Namespace) -> list[dict]:
   root = pathlib.Path(tempfile.mkdtemp(prefix="dice-compile-bench-"))
   shared_builds = (("shared_build", {}), ("shared_build_h", dict(main_tiers=False)))
   for label, options in shared_builds[:1] if args.burst else shared_builds:
-    shared = compile_lib.Compiler(toolchain, root / "shared", compile_lib.CompilerOptions(max_jobs=args.jobs, **options))
+    shared = compile_lib.Compiler(toolchain, root / "shared",
+                                  compile_lib.CompilerOptions(max_jobs=args.jobs, **options))
     cpu0, t0 = _cpu_children(), time.monotonic()
     try:
       ok = await shared.warm_up() is not None
@@ -220,7 +223,8 @@ async def run(args: argparse.Namespace) -> list[dict]:
     cache.mkdir()
     for sub in ("pch", "headers"):  # reuse the prebuilt shared artefacts, nothing else
       os.symlink(root / "shared" / sub, cache / sub)
-    compiler = compile_lib.Compiler(toolchain, cache, compile_lib.CompilerOptions(max_jobs=args.jobs, **options))
+    compiler = compile_lib.Compiler(toolchain, cache,
+                                    compile_lib.CompilerOptions(max_jobs=args.jobs, **options))
     try:
       report(name, *await ours(compiler, exts, args.steps), n=count)
       if name == "all":

@@ -167,7 +167,8 @@ async def _builds(args, toolchain, limits, rows: list[dict]) -> None:
   from verifier_service.compile import checks  # pylint: disable=import-outside-toplevel
   from verifier_service.compile import compiler as compile_lib  # pylint: disable=import-outside-toplevel
   root = pathlib.Path(tempfile.mkdtemp(prefix="dice-limits-"))
-  shared = compile_lib.Compiler(toolchain, root / "shared", compile_lib.CompilerOptions(max_jobs=args.jobs, limits=limits))
+  shared = compile_lib.Compiler(toolchain, root / "shared",
+                                compile_lib.CompilerOptions(max_jobs=args.jobs, limits=limits))
   try:
     t0 = time.monotonic()
     with TreeSampler() as sampler, FileSampler(root / "shared", shared=True) as files:
@@ -180,7 +181,9 @@ async def _builds(args, toolchain, limits, rows: list[dict]) -> None:
   cache.mkdir()
   for sub in ("pch", "headers"):
     os.symlink(root / "shared" / sub, cache / sub)
-  compiler = compile_lib.Compiler(toolchain, cache, compile_lib.CompilerOptions(max_jobs=args.jobs, limits=limits, light_headers=not args.original))
+  compiler = compile_lib.Compiler(toolchain, cache,
+                                  compile_lib.CompilerOptions(max_jobs=args.jobs, limits=limits,
+                                                              light_headers=not args.original))
   skip = str(limits.shared().file_bytes)  # the shared builds' wrapper argument
   pairs = _candidates(args.problems, args.count, args.ids, args.offset)
   exts = [(ident, checks.check_candidate(c).extensions[0]) for ident, c in pairs]

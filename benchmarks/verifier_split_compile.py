@@ -67,9 +67,14 @@ async def main(args) -> None:
       exts.append((f"dice_{i}", report.extensions[0]))
   toolchain = toolchain_lib.discover()
   cache = pathlib.Path(args.cache_dir or tempfile.mkdtemp(prefix="split-bench-"))
-  split = compile_lib.Compiler(toolchain, cache, compile_lib.CompilerOptions(max_jobs=args.jobs, split=True, batch_members=1))
-  lite = compile_lib.Compiler(toolchain, cache, compile_lib.CompilerOptions(max_jobs=args.jobs, split=False, batch_members=1))
-  batch = compile_lib.Compiler(toolchain, cache, compile_lib.CompilerOptions(max_jobs=args.jobs, split=False))
+  split = compile_lib.Compiler(toolchain, cache,
+                               compile_lib.CompilerOptions(max_jobs=args.jobs, split=True,
+                                                           batch_members=1))
+  lite = compile_lib.Compiler(toolchain, cache,
+                              compile_lib.CompilerOptions(max_jobs=args.jobs, split=False,
+                                                          batch_members=1))
+  batch = compile_lib.Compiler(toolchain, cache,
+                               compile_lib.CompilerOptions(max_jobs=args.jobs, split=False))
   try:
     start = time.monotonic()
     await asyncio.gather(split.warm_up(), lite.warm_up(), batch.warm_up())

@@ -125,7 +125,8 @@ def _extension(candidate: str, allow_cpu_only: bool = False):
 
 def _build(toolchain, cache_dir, ext, timeout_s: float = 900, **options):
   async def go():
-    compiler = compile_lib.Compiler(toolchain, cache_dir, compile_lib.CompilerOptions(max_jobs=2, **options))
+    compiler = compile_lib.Compiler(toolchain, cache_dir,
+                                    compile_lib.CompilerOptions(max_jobs=2, **options))
     try:
       return await compiler.build(ext, timeout_s)
     finally:
@@ -309,7 +310,9 @@ def test_cache_keys_separate_policies_and_tier_environments(toolchain, cache_dir
   async def keys():
     variants = [dict(), dict(light_headers=False), dict(split_nvcc=False), dict(use_pch=False),
                 dict(main_tiers=False)]
-    compilers = [compile_lib.Compiler(toolchain, cache_dir, compile_lib.CompilerOptions(max_jobs=1, **v)) for v in variants]
+    compilers = [
+        compile_lib.Compiler(toolchain, cache_dir, compile_lib.CompilerOptions(max_jobs=1, **v))
+        for v in variants]
     return [c.build_key(ext) for c in compilers]
   build_keys = asyncio.run(keys())
   assert len(set(build_keys)) == len(build_keys)

@@ -66,7 +66,8 @@ def _build(toolchain, cache_dir, candidate: str, **options):
   options.setdefault("limits", SMALL)
 
   async def go():
-    compiler = compile_lib.Compiler(toolchain, cache_dir, compile_lib.CompilerOptions(max_jobs=2, **options))
+    compiler = compile_lib.Compiler(toolchain, cache_dir,
+                                    compile_lib.CompilerOptions(max_jobs=2, **options))
     try:
       (ext,) = checks.check_candidate(candidate).extensions
       return await compiler.build(ext, 900)
@@ -255,7 +256,8 @@ def test_a_host_that_cannot_confine_refuses_to_start_and_says_what_is_missing(
   with pytest.raises(confine_lib.ConfinementError) as refused:
     compile_lib.Compiler(toolchain, tmp_path / "cache", compile_lib.CompilerOptions(max_jobs=1))
   assert "seccomp" in str(refused.value) and "--compile-unconfined" in str(refused.value)
-  compiler = compile_lib.Compiler(toolchain, tmp_path / "cache", compile_lib.CompilerOptions(max_jobs=1, confine=False))
+  compiler = compile_lib.Compiler(toolchain, tmp_path / "cache",
+                                  compile_lib.CompilerOptions(max_jobs=1, confine=False))
   try:
     assert compiler.confinement.layers["sandbox"].startswith("off: UNCONFINED")
     assert compiler.confinement.layers["memory"].startswith("RLIMIT_DATA")
@@ -356,7 +358,8 @@ def test_a_batch_over_a_bound_costs_its_honest_member_nothing(toolchain, cache_d
   hostile = checks.check_candidate(_candidate(_BOOM, "batch_boom_ext")).extensions[0]
 
   async def go():
-    compiler = compile_lib.Compiler(toolchain, cache_dir, compile_lib.CompilerOptions(max_jobs=2, limits=SMALL))
+    compiler = compile_lib.Compiler(toolchain, cache_dir,
+                                    compile_lib.CompilerOptions(max_jobs=2, limits=SMALL))
     try:
       results = await asyncio.gather(compiler.build(honest, 900, problem="a"),
                                      compiler.build(hostile, 900, problem="b"))

@@ -138,7 +138,8 @@ def test_the_compiler_warms_its_front_ends_at_start_up_and_builds_with_them(tool
                                   ).extensions
 
   async def go():
-    compiler = compile_lib.Compiler(toolchain, tmp_path / "cache", compile_lib.CompilerOptions(max_jobs=2, warm_front_ends=True))
+    compiler = compile_lib.Compiler(toolchain, tmp_path / "cache",
+                                    compile_lib.CompilerOptions(max_jobs=2, warm_front_ends=True))
     try:
       await compiler.warm_up()
       await compiler.settle()

@@ -114,8 +114,11 @@ def built(toolchain, cache_dir, request):
           item["prefix"] + item["middle"] + item["suffix"]).extensions
 
   async def go():
-    on = compile_lib.Compiler(toolchain, cache_dir, compile_lib.CompilerOptions(max_jobs=2, split=True, batch_members=1))
-    off = compile_lib.Compiler(toolchain, cache_dir, compile_lib.CompilerOptions(max_jobs=2, split=False, batch_members=1))
+    on = compile_lib.Compiler(toolchain, cache_dir,
+                              compile_lib.CompilerOptions(max_jobs=2, split=True, batch_members=1))
+    off = compile_lib.Compiler(toolchain, cache_dir,
+                               compile_lib.CompilerOptions(max_jobs=2, split=False,
+                                                           batch_members=1))
     try:
       await asyncio.gather(on.warm_up(), off.warm_up())
       assert await asyncio.wait_for(on.split_ready(), 1800), on.split_stats()
