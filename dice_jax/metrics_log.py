@@ -18,7 +18,7 @@ import os
 import sys
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
@@ -26,6 +26,9 @@ from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, 
 from rich.table import Table
 
 from dice_jax.config import require
+
+if TYPE_CHECKING:
+  import numpy as np
 
 
 @dataclasses.dataclass(frozen=True)
@@ -150,7 +153,7 @@ class MetricsLogger:
       self.console.print(f"step {step}/{self.total_steps}  {shown}", highlight=False)
     self._last_step = step
 
-  def histogram(self, step: int, name: str, values: Sequence[float]) -> None:
+  def histogram(self, step: int, name: str, values: Sequence[float] | np.ndarray) -> None:
     """A distribution (e.g. speedups of one RL step) to TensorBoard."""
     if self.enabled and self._writer is not None and len(values):
       import numpy as np

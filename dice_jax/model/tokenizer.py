@@ -22,7 +22,7 @@ import datetime
 import json
 import os
 import pathlib
-from typing import Any
+from typing import Any, Literal, overload
 
 import jinja2
 import jinja2.ext
@@ -113,6 +113,16 @@ class Tokenizer:
 
   def decode(self, ids, skip_special_tokens: bool = False) -> str:
     return self.backend.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
+
+  @overload
+  def apply_chat_template(self, messages: list[dict], *, add_generation_prompt: bool = ...,
+                          tokenize: Literal[False] = ..., tools: list[dict] | None = ...,
+                          documents: list[dict] | None = ..., **template_kwargs) -> str: ...
+
+  @overload
+  def apply_chat_template(self, messages: list[dict], *, add_generation_prompt: bool = ...,
+                          tokenize: Literal[True], tools: list[dict] | None = ...,
+                          documents: list[dict] | None = ..., **template_kwargs) -> list[int]: ...
 
   def apply_chat_template(self, messages: list[dict], *, add_generation_prompt: bool = True,
                           tokenize: bool = False, tools: list[dict] | None = None,

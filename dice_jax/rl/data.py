@@ -15,7 +15,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import typing
 
 import jax
 
@@ -96,8 +95,7 @@ class PromptBook:
   def render(self, problem: Problem, phase: int) -> str:
     """The prompt text of `problem` in `phase`: the phase's template in the model's chat template."""
     messages = prompts_lib.build_messages(problem, phase, infilling=self.infilling, end_to_end=self.end_to_end)
-    text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
-    return typing.cast(str, text)  # tokenize=False (the default): the text, not the ids
+    return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
 
   def prompt(self, phase: int, problem_id: str) -> Prompt:
     return self._prompts[(phase, problem_id)]

@@ -36,7 +36,7 @@ import math
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, cast
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -220,10 +220,9 @@ class _Loop:
                                            last_checkpoint=self.run.checkpointer.latest_step())
     metrics |= extra | guarded
     if len(scored.speedups):
-      speedups = cast(Sequence[float], scored.speedups)  # a 1-D float array: read as a sequence
-      logger.histogram(current.step + 1, "speedup_dist", speedups)
+      logger.histogram(current.step + 1, "speedup_dist", scored.speedups)
       if logger.enabled:
-        summary.append_speedups(logger.run_dir, current.step + 1, speedups)
+        summary.append_speedups(logger.run_dir, current.step + 1, scored.speedups)
     return metrics | scored.metrics
 
   def _log(self, logger: MetricsLogger, metrics: Mapping[str, float], current: InFlight) -> None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from rich.console import Console
 from rich.table import Table
@@ -151,7 +151,7 @@ def print_summary(result, console: Console | None = None) -> None:
     console.print(zero_reward_note(totals, result.run_dir), highlight=False)
 
 
-def append_speedups(run_dir: str, step: int, speedups: Sequence[float]) -> None:
+def append_speedups(run_dir: str, step: int, speedups: Iterable[float]) -> None:
   """Adds one step's speedups to `<run_dir>/speedups.jsonl` (written by the primary process)."""
   with open(os.path.join(run_dir, SPEEDUPS_FILE), "a", encoding="utf-8") as f:
     f.write(json.dumps({"step": int(step), "speedups": [float(s) for s in speedups]}) + "\n")

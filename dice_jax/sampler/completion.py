@@ -13,7 +13,6 @@ it; nothing is truncated.
 from __future__ import annotations
 
 import os
-import typing
 from collections.abc import Callable, Sequence
 
 import jax
@@ -52,8 +51,7 @@ class CompletionModel:
     return settings if settings.eos_ids is not None else settings.replace(eos_ids=self.eos_ids)
 
   def encode(self, messages: Messages) -> list[int]:
-    ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-    return typing.cast(list[int], ids)  # tokenize=True: the ids, not the text
+    return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
 
   def check_fits(self, prompts: Sequence[list[int]], settings: SamplerConfig,
                  names: Sequence[str] | None = None) -> None:

@@ -170,7 +170,7 @@ def init_cache(num_layers: int, batch: int, num_kv_heads: int, length: int, head
   return tuple((zeros(), zeros()) for _ in range(num_layers))
 
 
-def write_cache(cache_BxGxSxK: jax.Array, new_BxQxGxK: jax.Array, at: jax.Array) -> jax.Array:
+def write_cache(cache_BxGxSxK: jax.Array, new_BxQxGxK: jax.Array, at: int | jax.Array) -> jax.Array:
   """The cache with this call's keys (or values) stored at slots [at, at + Q)."""
   new = jnp.swapaxes(new_BxQxGxK, 1, 2).astype(cache_BxGxSxK.dtype)
   return jax.lax.dynamic_update_slice(cache_BxGxSxK, new, (0, 0, at, 0))

@@ -21,7 +21,7 @@ Two ways through the layers:
 
 from __future__ import annotations
 
-from typing import NamedTuple, cast
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -157,6 +157,5 @@ class Decoder:
   def fill_cache(self, cache: KVCache, kv_stacked: tuple[jax.Array, jax.Array], at: int = 0) -> KVCache:
     """Store a full pass's per-layer (k, v) ([layers, B, L, G, K]) at slots [at, at + L)."""
     k_all, v_all = kv_stacked
-    slot = cast(jax.Array, at)  # write_cache passes it to lax.dynamic_update_slice, which takes an int too
-    return tuple((decode_attention.write_cache(kc, k_all[i], slot), decode_attention.write_cache(vc, v_all[i], slot))
+    return tuple((decode_attention.write_cache(kc, k_all[i], at), decode_attention.write_cache(vc, v_all[i], at))
                  for i, (kc, vc) in enumerate(cache))
