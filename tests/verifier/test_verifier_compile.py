@@ -571,6 +571,21 @@ def test_precompiled_header_is_really_used(toolchain, cache_dir):
   assert re.search(r"^! .*\.gch$", proc.stderr, re.M), proc.stderr[:2000]
 
 
+def test_warm_up_prepares_the_header_tiers_of_every_level_a_first_request_may_have(toolchain, tmp_path):
+  """Types-level cuda.cu included: load_inline's cuda_sources strings that include no torch header
+  (the built-in run's scaffolds, many DICE items). Before, the first such request computed its
+  level's tiers while the build waited. A cache of its own: the session's has every level."""
+  async def go():
+    compiler = compile_lib.Compiler(toolchain, tmp_path, compile_lib.CompilerOptions(max_jobs=2, use_pch=False))
+    try:
+      await compiler.warm_up()
+    finally:
+      await compiler.close()
+  asyncio.run(go())
+  levels = {json.loads(p.read_text())["level"] for p in tmp_path.glob("headers/*/environment.json")}
+  assert set(header_tiers.CUDA_LEVELS) <= levels, levels
+
+
 # Host code in main.cpp (a C++-only extension): conversions pybind11 and torch's casters make.
 BINDING_SOURCE = r'''
 #include <vector>

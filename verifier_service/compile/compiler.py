@@ -335,9 +335,11 @@ class Compiler:
     return all(await asyncio.gather(*map(level_ready, header_tiers.CUDA_LEVELS)))
 
   async def warm_up(self) -> str | None:
-    """Prepares what the first request would otherwise wait for: the header tiers and main.cpp's
-    precompiled header (the lite one; torch/extension.h's without tiers). Returns that header's
-    path if it is precompiled."""
+    """Prepares what the first request would otherwise wait for: the header tiers of main.cpp and
+    of cuda.cu at both levels (sources with torch/extension.h, and with torch/types.h alone, as
+    load_inline writes a cuda_sources string that includes neither) and main.cpp's precompiled
+    header (the lite one; torch/extension.h's without tiers). Returns that header's path if it is
+    precompiled."""
     probe = _PROBE
     flags = self.flags(probe)
 
@@ -349,9 +351,14 @@ class Compiler:
       env = await self._envs.ensure(self._cxx_argv(flags), header_tiers.BINDING)
       return await self._tier_header(flags, env, LITE) if env and LITE in env.blocks else None
 
-    header, env = await asyncio.gather(
-        main_header(),
-        self._envs.ensure(self._nvcc_argv(flags), "extension") if self.tiers else asyncio.sleep(0))
+    async def cuda_environments() -> header_tiers.Environment | None:
+      if not self.tiers:
+        return None
+      envs = await asyncio.gather(*(self._envs.ensure(self._nvcc_argv(flags), level)
+                                    for level in header_tiers.CUDA_LEVELS))
+      return envs[0]  # the probe's level: it includes torch/extension.h
+
+    header, env = await asyncio.gather(main_header(), cuda_environments())
     if self._front_ends is not None and env is not None and LITE in env.blocks:
       self._probe = asyncio.ensure_future(self._warm_probe(probe, flags, env))
     if self._split is not None and self._split_warm is None:  # both levels, in the background
