@@ -30,6 +30,7 @@ on-policy: the same run, one rollout fresher.
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import logging
 import math
@@ -82,8 +83,10 @@ class _Saved:
 
 
 def run_rl(cfg: RLConfig, *, should_stop: Callable[[], bool] = lambda: False,
-           reward_components: Sequence[RewardComponent] = ()) -> RLResult:
-  """Trains (or resumes) per `cfg`. `reward_components` join the configured reward shaping."""
+           reward_components: Sequence[RewardComponent] = (),
+           verifier: concurrent.futures.Future | None = None) -> RLResult:
+  """Trains (or resumes) per `cfg`. `reward_components` join the configured reward shaping.
+  `verifier`: a connection already being started (setup.start_verifier), which the run closes."""
   run_dir = os.path.abspath(os.path.expanduser(cfg.run_dir))
   distributed.initialize(cfg.distributed)
   primary = distributed.is_primary()
@@ -92,7 +95,7 @@ def run_rl(cfg: RLConfig, *, should_stop: Callable[[], bool] = lambda: False,
     os.makedirs(run_dir, exist_ok=True)
     with open(os.path.join(run_dir, "config.yaml"), "w", encoding="utf-8") as f:
       f.write(config_text)
-  with setup.Run(cfg, run_dir) as run:
+  with setup.Run(cfg, run_dir, verifier) as run:
     shaper = defaults.make_shaper(cfg.rewards, reward_components, has_gpu=run.connection.has_gpu)
     log.info("verifier: %s; reward components: %s", run.connection.describe(),
              ", ".join(f"{c.name}x{c.weight:g}" for c in shaper.components))

@@ -66,6 +66,23 @@ def connect_verifier(section: VerifierSection, run_dir: str) -> connect_lib.Conn
     raise ConfigError(f"verifier: {e}") from None
 
 
+def start_verifier(section: VerifierSection, run_dir: str) -> concurrent.futures.Future:
+  """`connect_verifier` in a background thread; the future's result is the Connection. A local
+  server imports torch and then warms its compile stage up (header tiers, precompiled headers) by
+  itself, so starting it before other work lets that work hide its start-up."""
+  pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="verifier-start")
+  future = pool.submit(connect_verifier, section, run_dir)
+  pool.shutdown(wait=False)
+  return future
+
+
+def close_started(future: concurrent.futures.Future) -> None:
+  """Closes a started connection (waiting for it to start); a failed start has nothing to close."""
+  connection = _result_or_none(future)
+  if connection is not None:
+    connection.close()
+
+
 def _connect(spec: str, section: VerifierSection, run_dir: str) -> connect_lib.Connection:
   return connect_lib.connect(spec, use=TRAINING, connect_timeout_s=section.connect_timeout_s,
                              request_timeout_s=section.request_timeout_s,
@@ -80,8 +97,11 @@ def _connect(spec: str, section: VerifierSection, run_dir: str) -> connect_lib.C
 class Run:
   """The built pieces of one run (a context manager: closes the checkpointer and the verifier)."""
 
-  def __init__(self, cfg: RLConfig, run_dir: str):
+  def __init__(self, cfg: RLConfig, run_dir: str, verifier: concurrent.futures.Future | None = None):
+    """`verifier`: a connection already being started (start_verifier) for `cfg.verifier`; the
+    run owns it from here and closes it."""
     self.cfg, self.run_dir = cfg, run_dir
+    self._verifier = verifier
     self.connection: connect_lib.Connection | None = None
     self.checkpointer: Checkpointer | None = None
 
@@ -98,6 +118,8 @@ class Run:
       self.checkpointer.close()
     if self.connection is not None:
       self.connection.close()
+    elif self._verifier is not None:  # given, and the build failed before it took the result
+      close_started(self._verifier)
 
   def _build(self) -> None:
     cfg = self.cfg
@@ -128,9 +150,7 @@ class Run:
                                    or c.phase1_steps < cfg.train.steps)
     cfg.rewards.custom_components()  # import user reward functions now: a typo fails in seconds
     self.verify_options = cfg.verifier.options()
-    pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="verifier-start")
-    verifier = pool.submit(connect_verifier, cfg.verifier, self.run_dir)
-    pool.shutdown(wait=False)
+    verifier = self._verifier or start_verifier(cfg.verifier, self.run_dir)
     try:
       self._build_training(model_config)
     except BaseException:

@@ -23,6 +23,7 @@ its checkpoint; a stop (Ctrl-C, SIGTERM) during it saves, and the result says so
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import json
 import logging
@@ -39,6 +40,7 @@ from dice_jax.data.sft_data import SFTDataConfig
 from dice_jax.metrics_log import LoggingConfig
 from dice_jax.model.tokenizer import load_tokenizer
 from dice_jax.rewards.shaping import RewardComponent
+from dice_jax.rl import setup
 from dice_jax.rl.config import RLConfig
 from dice_jax.rl.data import PromptBook
 from dice_jax.rl.loop import RLResult, run_rl
@@ -119,9 +121,15 @@ def _rl_model(cfg: RLConfig, hf_dir: str) -> ModelSection:
   return dataclasses.replace(cfg.model, path=hf_dir, init=None, tokenizer=None)
 
 
-def warm_start(cfg: RLConfig, run_dir: str, should_stop: Callable[[], bool]) -> tuple[RLConfig | None,
-                                                                                      WarmStartSummary | None]:
-  """(the RL config to run, what the warm start did); (None, None) when it was stopped first."""
+def warm_start(cfg: RLConfig, run_dir: str, should_stop: Callable[[], bool],
+               before_sft: Callable[[], None] = lambda: None) -> tuple[RLConfig | None, WarmStartSummary | None]:
+  """(the RL config to run, what the warm start did); (None, None) when it was stopped first.
+
+  `before_sft` runs once the examples and the tokenizer are checked, right before the SFT (not
+  when the warm start is already done). Decision: `train` starts the verifier there, not after
+  the warm start: a local server's start-up (importing torch, then its header tiers and
+  precompiled headers, minutes on a cold cache) then runs beside the SFT instead of before RL's
+  first verdicts, and a bad problem file still fails before anything is started."""
   folder = os.path.join(run_dir, FOLDER)
   summary_path = os.path.join(folder, SUMMARY_FILE)
   hf_dir = os.path.join(folder, "hf")
@@ -150,6 +158,7 @@ def warm_start(cfg: RLConfig, run_dir: str, should_stop: Callable[[], bool]) -> 
     _check_rl_prompts(cfg, load_tokenizer(tokenizer_dir))
   log.info("warm start: %d SFT steps on %d examples of %d problems (%s) before RL on %d problems, %d of them unseen",
            w.steps, len(rows), len(problems), ", ".join(w.problems), len(rl_ids), len(rl_ids - seen))
+  before_sft()
   result = run_sft(_sft_config(cfg, folder, examples_path, tokenizer_dir), should_stop=should_stop)
   if result.status != "done":
     return None, None
@@ -182,12 +191,23 @@ class TrainResult(RLResult):
 def train(cfg: RLConfig, *, should_stop: Callable[[], bool] = lambda: False,
           reward_components: Sequence[RewardComponent] = ()) -> TrainResult:
   """`dice train`: the warm start when it applies, then RL (dice_jax.rl.loop.run_rl)."""
-  summary = None
+  summary, verifier = None, None
   if applies(cfg):
     run_dir = os.path.abspath(os.path.expanduser(cfg.run_dir))
-    cfg, summary = warm_start(cfg, run_dir, should_stop)
+    started: list[concurrent.futures.Future] = []
+    rl_verifier = cfg.verifier
+    try:
+      cfg, summary = warm_start(cfg, run_dir, should_stop,
+                                before_sft=lambda: started.append(setup.start_verifier(rl_verifier, run_dir)))
+    except BaseException:
+      for future in started:
+        setup.close_started(future)
+      raise
+    verifier = started[0] if started else None
     if cfg is None:
+      if verifier is not None:
+        setup.close_started(verifier)
       return TrainResult(status="stopped", step=0, start_step=0, history=[], run_dir=run_dir, hf_dir=None,
                          verifier="", warm_start=None)
-  result = run_rl(cfg, should_stop=should_stop, reward_components=reward_components)
+  result = run_rl(cfg, should_stop=should_stop, reward_components=reward_components, verifier=verifier)
   return TrainResult(**{f.name: getattr(result, f.name) for f in dataclasses.fields(result)}, warm_start=summary)

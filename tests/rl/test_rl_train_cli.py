@@ -211,6 +211,29 @@ def test_the_built_in_run_checks_rl_prompts_before_its_warm_start(tmp_path, caps
   assert "none of the 8 problems has a prompt of at most data.max_prompt_length=100" in capsys.readouterr().err
   assert (run_dir / "warm_start" / "tokenizer" / "tokenizer.json").is_file()
   assert not (run_dir / "warm_start" / "checkpoints").exists()
+  assert not (run_dir / "verifier.log").exists()  # nor is the verifier started
+
+
+def test_the_verifier_starts_before_the_warm_starts_sft_and_a_stop_during_it_closes_it(tmp_path):
+  """The built-in run starts its local verifier once the warm start's inputs are checked, before the
+  SFT, so that the server's start-up (torch, header tiers, precompiled headers) runs beside it; a
+  stop during the SFT stops that server too. (The check before it: a bad prompt width starts no
+  verifier, test_the_built_in_run_checks_rl_prompts_before_its_warm_start.)"""
+  from dice_jax.rl import warm_start_run  # pylint: disable=import-outside-toplevel
+
+  cfg = train_cli.load(None, [f"run_dir={tmp_path}", "warm_start.steps=4", "warm_start.batch_size=8"])  # 8 test devices
+  log = tmp_path / "verifier.log"
+  asked = []
+
+  def stop() -> bool:  # the SFT asks before each step
+    asked.append(log.is_file())
+    return True
+
+  result = warm_start_run.train(cfg, should_stop=stop)
+  assert result.status == "stopped" and asked and asked[0], (result.status, asked)
+  assert "serving on 127.0.0.1:" in log.read_text()  # it had started, and was then stopped:
+  servers = [p for p in psutil.Process().children(recursive=True) if "verifier_service.cli" in " ".join(p.cmdline())]
+  assert not servers, servers
 
 
 def test_tiny_yaml_is_the_built_in_default_and_recipes_load(tmp_path):
