@@ -32,7 +32,7 @@ from dice_jax.data.extract import extract_infilling
 from dice_jax.data.problems import load_problems
 from dice_jax.rl import warm_start_run
 
-TIMEOUT_S = 1800  # 9.6 minutes on the 2-core CPU at load average 2.4-3.7; CI's machine is shared
+TIMEOUT_S = 1800  # 7 minutes on the 2-core CPU, cold verifier cache; CI's machine is shared
 STATEMENT = re.compile(r'source = """y\[i\] = [^\n"]+;"""')
 
 
@@ -74,7 +74,7 @@ def test_dice_train_with_no_arguments_learns_within_the_run(tmp_path):
   assert warm["rl_problems"] == 8 and warm["rl_problems_unseen"] == 8  # RL's problems are new to the model
   records = _records(run_dir)
   infilling = [r for r in records if r["curriculum/phase2_share"] == 0.0]
-  assert len(infilling) == 6 and len(records) == 8
+  assert len(infilling) == 4 and len(records) == 5
   first, last = infilling[:2], infilling[-2:]
   mean = lambda rows, key: sum(r[key] for r in rows) / len(rows)  # noqa: E731
   assert mean(last, "compile") > mean(first, "compile"), [r["compile"] for r in infilling]
