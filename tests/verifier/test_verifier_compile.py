@@ -278,6 +278,14 @@ def test_escalation_after_a_lite_failure():
   assert header_tiers.heavier_may_help(missing, env)
   namespace = 'cuda.cu(9): error: namespace "torch" has no member "matmul"\n'
   assert header_tiers.heavier_may_help(namespace, env)
+  # A typo among other errors still fails as written: the outcome is final (the log is lite's).
+  typo_and_parse = 'cuda.cu(9): error: identifier "sinfvv" is undefined\ncuda.cu(9): error: expected a ";"\n'
+  assert not header_tiers.heavier_may_help(typo_and_parse, env)
+  assert header_tiers.heavier_may_help(typo_and_parse.replace("sinfvv", "matmul"), env)
+  # ... but only in the source's own file: an unknown name in the tier's header is the tier's fault.
+  in_tier = '/c/dice_tier_lite.h(12): error: identifier "s_typo" is undefined\ncuda.cu(9): error: expected a ";"\n'
+  assert header_tiers.heavier_may_help(in_tier, env)
+  assert header_tiers.heavier_may_help(in_tier.split("\n")[0], env)
   missing = "cuda.cu:5:10: fatal error: cublas_v2.h: No such file or directory\n"
   assert not header_tiers.heavier_may_help(missing, env)  # the same include fails at every tier
   assert header_tiers.broken_by_tier("/c/dice_tier_lite.h(12): error: x", LITE)
@@ -525,6 +533,22 @@ def test_a_typo_ends_the_build_at_the_lite_tier_with_the_errors_of_the_source_as
   written = _build(toolchain, tmp_path, ext, light_headers=False, use_pch=False)
   assert not written.ok
   assert _error_lines(fast.log) == _error_lines(written.log) != []
+
+
+def test_a_typo_among_other_errors_ends_the_build_at_the_lite_tier_and_fails_as_written_too(
+    toolchain, cache_dir, tmp_path):
+  """A name nothing declares, then the parse error it causes (`... * s_typo2 s;`, as a policy
+  writes `y[i] = sinfvv v;`): final at the lite tier, one cuda.cu compile; the source as written
+  (every tier off) fails too, with that error on the same line."""
+  source = kernels.CUDA_SOURCE.replace("(a[i] + b[i]) * s", "(a[i] + b[i]) * s_typo2 s")
+  ext = _extension(kernels.cuda_candidate(source, name="typo_and_parse"))
+  fast = _build(toolchain, cache_dir, ext)
+  assert not fast.ok and "s_typo2" in fast.log and 'expected a ";"' in fast.log, fast.log
+  assert [s["step"] for s in fast.steps].count("gcc+cudafe++") == 1, fast.steps
+  written = _build(toolchain, tmp_path, ext, light_headers=False, use_pch=False)
+  assert not written.ok
+  typo = [l for l in _error_lines(fast.log) if "s_typo2" in l]
+  assert typo and set(typo) <= set(_error_lines(written.log)), (typo, written.log[-2000:])
 
 
 def test_cpp_extension_runs_and_computes(toolchain, cache_dir):

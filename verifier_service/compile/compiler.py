@@ -8,8 +8,8 @@ it fast (each measured in `benchmarks/verifier_compile.py`):
    that build each translation unit, falling back to the source as written on failure, so a
    verdict never differs from the naive path's; only its cost does. cuda.cu: lite, then
    torch/types.h, then as written; a lite failure that no heavier header can remove
-   (header_tiers.heavier_may_help: a typo, a missing include) ends the build with the lite log,
-   as the source as written would end it. main.cpp: lite plus the binding headers (a third of
+   (header_tiers.heavier_may_help: a name no header declares, a missing include) ends the build
+   with the lite log: the source as written fails there too. main.cpp: lite plus the binding headers (a third of
    torch/extension.h's parse), then as written.
 2. g++ precompiled headers for main.cpp (pch.py): the lite binding header, built at start-up;
    torch/extension.h's (~750 MB, ~30 s) only once some main.cpp falls back to the original.
@@ -94,7 +94,7 @@ _TIERS = (header_tiers.LITE, header_tiers.TYPES)
 _ORIGINAL_PCH = ("#include <torch/extension.h>\n", "torch_extension_pch.h")
 # How a build moves between tiers and paths (which failure is final, which path is tried): part of
 # a build record's key, so that records made under other rules are not reused.
-_RULES = 2
+_RULES = 3
 
 
 @dataclasses.dataclass(frozen=True)
@@ -599,7 +599,7 @@ class Compiler:
       if lite_log is not None and not header_tiers.heavier_may_help(lite_log, env):
         if tier == ORIGINAL:  # it fails there the same way: the lite log is the build's
           raise compile_procs.ProcessFailed(lite_log)
-        notes[tier] = "not tried: the lite build failed only on names no torch header declares"
+        notes[tier] = "not tried: the lite build failed on a name no torch header declares"
         continue
       cmd, module_id = self._cuda_command(flags, env, tier)
       if tier == LITE and may_batch and self._batcher is not None and self._building > 1:

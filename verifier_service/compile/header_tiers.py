@@ -58,6 +58,7 @@ import ast
 import dataclasses
 import hashlib
 import json
+import os
 import pathlib
 import re
 
@@ -78,7 +79,10 @@ _USING_LOWER_RE = re.compile(r"\busing\s+(?:::\s*)?(?:at|torch|c10)\s*::(?:\s*\w
                              r"\s*;")
 _NAMESPACE_RE = re.compile(r"\busing\s+namespace\b|\bnamespace\s+(?:at|torch|c10|caffe2|std|"
                            r"pybind11)\b\s*[{:]")
-_UNDEFINED_RE = re.compile(r'error(?: #\d+(?:-D)?)?: identifier "(\w+)" is undefined')
+# path(line): error: identifier "NAME" is undefined   (EDG, as cudafe++ and cicc print it)
+_UNDEFINED_AT_RE = re.compile(r'^"?([^\s"(][^"(\n]*?)"?\(\d+\): error(?: #\d+(?:-D)?)?: '
+                              r'identifier "(\w+)" is undefined', re.M)
+SOURCE_FILE = "cuda.cu"  # the name a tier's build compiles the source under (compiler.py)
 _ERROR_RE = re.compile(r"\berror(?: #\d+(?:-D)?)?:")
 _IMPLICIT_MAIN = "#include <torch/extension.h>\n"
 # An include that fails at every tier: missing, or outside what a confined compiler may read.
@@ -181,18 +185,21 @@ def heavier_may_help(lite_log: str, env: Environment) -> bool:
   """Whether a failed lite build could build at a heavier tier (torch/types.h, or as written).
 
   Ruled out: a missing or unreadable include file (no tier changes an include path, nor what a
-  confined compiler may read), and a plain typo: every error is an undefined identifier that
-  appears nowhere in the original headers either. Then the source as written fails the same
-  way, on the same lines (a tier keeps line numbers), and the compiler ends the build with the
-  lite log instead of compiling torch's whole headers to print it again (compiler.py).
+  confined compiler may read), and a typo: an error in the source's own file is an undefined
+  identifier that appears nowhere in the original headers either. No header declares or defines
+  that name, and the source's macros expand alike at every tier (`refusal` keeps sources that use
+  a macro the tiers define differently off them), so the source as written fails there too, on the
+  same line (a tier keeps line numbers), and the compiler ends the build with the lite log instead
+  of compiling torch's whole headers to fail again (compiler.py). When every error is such a typo,
+  the log is the one the source as written gets; when there are others (a typo and then a parse
+  error it causes, `y[i] = sinfvv v;`), the outcome is the same and the log is the lite build's.
   """
   if _MISSING_FILE_RE.search(lite_log):
     return False
-  errors = _ERROR_RE.findall(lite_log)
-  undefined = _UNDEFINED_RE.findall(lite_log)
-  if not errors or len(undefined) != len(errors):
+  if not _ERROR_RE.search(lite_log):
     return True
-  return any(name in env.full_tokens for name in undefined)
+  return not any(os.path.basename(path) == SOURCE_FILE and name not in env.full_tokens
+                 for path, name in _UNDEFINED_AT_RE.findall(lite_log))
 
 
 def broken_by_tier(log_text: str, tier: str) -> bool:
