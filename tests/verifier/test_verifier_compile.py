@@ -350,7 +350,7 @@ def _nvcc_split_and_plain(toolchain, tmp_path, text: str):
 
   async def go():
     results = {}
-    for mode in ("plain", "split"):
+    for mode in ("plain", "split", "host_first"):
       work = tmp_path / mode
       work.mkdir()
       (work / "k.cu").write_text(text)
@@ -359,7 +359,8 @@ def _nvcc_split_and_plain(toolchain, tmp_path, text: str):
       if mode == "plain":
         results[mode] = await run(argv, work)
       else:
-        results[mode] = await nvcc_split.compile_split(argv, text, work, run)
+        results[mode] = await nvcc_split.compile_split(argv, text, work, run,
+                                                       host_first=mode == "host_first")
     return results
   return asyncio.run(go())
 
@@ -376,7 +377,9 @@ def test_split_nvcc_builds_the_same_object(toolchain, tmp_path):
     out = re.sub(r"\d+_GLOBAL__N__\w+?(hidden|ignore)", r"_GLOBAL__N__ID\1", out)
     out = re.sub(r"(tmpxft_\w+?_)?k\.cudafe1\.cpp", "k.cudafe1.cpp", out)
     return sorted(line.split()[-1] for line in out.splitlines())
-  assert symbols("plain") == symbols("split")
+  assert symbols("plain") == symbols("split") == symbols("host_first")
+  split, host_first = ((tmp_path / mode / "k.o").read_bytes() for mode in ("split", "host_first"))
+  assert split == host_first  # the same module id, the same steps: only their order differs
 
 
 def test_host_pch_builds_the_same_object(toolchain, tmp_path):
@@ -449,6 +452,8 @@ def test_split_nvcc_reports_errors_like_nvcc(toolchain, tmp_path):
   assert results["plain"][0] != 0 and results["split"][0] != 0
   assert 'identifier "undefined_x" is undefined' in results["split"][1]
   assert results["split"][1].count("undefined_x") == results["plain"][1].count("undefined_x")
+  rc, output = results["host_first"]
+  assert (rc, output.replace("/host_first/", "/split/")) == results["split"]  # its own folder
 
 
 def test_tier_environment_is_a_checked_subset(toolchain, cache_dir):
@@ -549,6 +554,20 @@ def test_a_typo_among_other_errors_ends_the_build_at_the_lite_tier_and_fails_as_
   assert not written.ok
   typo = [l for l in _error_lines(fast.log) if "s_typo2" in l]
   assert typo and set(typo) <= set(_error_lines(written.log)), (typo, written.log[-2000:])
+
+
+def test_the_retry_after_a_lite_failure_starts_no_device_front_end_when_its_host_chain_fails(
+    toolchain, cache_dir):
+  """A parse error may be one heavier headers remove, so the build tries again with them, and
+  fails there too. Those retries run nvcc's device chain only after a successful host chain, as
+  nvcc does: the lite attempt's chains run concurrently (one device chain at most, finished or
+  cancelled: a cancelled process counts, it ran), the retries' host chains fail alone."""
+  source = kernels.CUDA_SOURCE.replace("(a[i] + b[i]) * s", "(a[i] + b[i]) * s +")
+  result = _build(toolchain, cache_dir, _extension(kernels.cuda_candidate(source, name="retry_host_first")))
+  assert not result.ok and "expected an expression" in result.log, result.log
+  names = [s["step"] for s in result.steps]
+  assert names.count("gcc+cudafe++") >= 2, result.steps  # the lite attempt and the retries
+  assert sum("cicc" in name for name in names) <= 1, result.steps
 
 
 def test_cpp_extension_runs_and_computes(toolchain, cache_dir):

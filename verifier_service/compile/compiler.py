@@ -13,7 +13,9 @@ it fast (each measured in `benchmarks/verifier_compile.py`):
    torch/extension.h's parse), then as written.
 2. g++ precompiled headers for main.cpp (pch.py): the lite binding header, built at start-up;
    torch/extension.h's (~750 MB, ~30 s) only once some main.cpp falls back to the original.
-3. nvcc's host and device front ends run concurrently (nvcc_split.py): less wall time, same work.
+3. nvcc's host and device front ends run concurrently (nvcc_split.py): less wall time, same work;
+   but a retry after a lite failure, which usually fails again, runs the device chain only after
+   a successful host chain, as nvcc does (a failure there costs no device front end).
    At a light tier the module id is the tier's and paths are relative to the work folder, so the
    host code nvcc compiles last starts with the same text for every candidate, which host_pch.py
    precompiles (the same object, a third of that step's CPU).
@@ -608,8 +610,9 @@ class Compiler:
         if batched is not None:
           return batched, tier, notes
         notes["batch"] = why
-      try:
-        obj, _ = await self._objects.compile(cmd, text, "cuda.cu", module_id)
+      try:  # after a lite failure, likely to fail again: nvcc's device chain waits
+        obj, _ = await self._objects.compile(cmd, text, "cuda.cu", module_id,
+                                             host_first=lite_log is not None)
         return obj, tier, notes
       except compile_procs.ProcessFailed as e:
         self._tier_failed(env, tier, e, notes)

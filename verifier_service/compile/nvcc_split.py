@@ -29,7 +29,7 @@ import hashlib
 import pathlib
 import re
 import shlex
-from typing import Awaitable, Callable, Optional
+from typing import Awaitable, Callable, Optional, Sequence
 
 from verifier_service.compile import confine as confine_lib
 from verifier_service.compile import procs as compile_procs
@@ -147,10 +147,16 @@ PrepareFn = Callable[[Plan, pathlib.Path],
 async def compile_split(argv: list[str], source_text: str, cwd: pathlib.Path, run: RunFn,
                         module_id: str | None = None,
                         prepare_final: PrepareFn | None = None,
-                        front_end: FrontEndFn | None = None) -> tuple[int, str] | None:
+                        front_end: FrontEndFn | None = None,
+                        host_first: bool = False) -> tuple[int, str] | None:
   """Runs `argv` (an `nvcc ... -c SRC -o OUT` command, run in `cwd`) as two concurrent chains and
   the host compile. Returns (return code, output) as nvcc would, or None to say "run nvcc
-  instead". The module id defaults to one derived from the source."""
+  instead". The module id defaults to one derived from the source.
+
+  `host_first`: the device chain starts only once the host chain has succeeded, as in nvcc, for a
+  compile that is expected to fail (compiler.py: the retry of a source that failed at a lighter
+  header tier): a host failure then costs no device front end. The result is the same either way:
+  a host failure is reported alone, and otherwise both chains' outputs in the same order."""
   (cwd / "nvcc-steps").mkdir(exist_ok=True)  # relative: the steps run in `cwd`
   rc, text = await run(list(argv) + ["--dryrun", "--keep", "--keep-dir", "nvcc-steps"], cwd)
   plan = parse_dryrun(text) if rc == 0 else None
@@ -160,6 +166,12 @@ async def compile_split(argv: list[str], source_text: str, cwd: pathlib.Path, ru
     digest = hashlib.sha256(source_text.encode()).hexdigest()
     module_id = f"_{digest[:8]}_dice_{digest[8:24]}"
   (cwd / plan.module_id_file).write_text(module_id)
+  if host_first:
+    host_result = await _chain(plan, plan.host, cwd, run, front_end)
+    if host_result[0] != 0:
+      return host_result
+    device_result = await _chain(plan, plan.device, cwd, run, front_end)
+    return await _finish(plan, cwd, run, [host_result, device_result], prepare_final)
   host = asyncio.ensure_future(_chain(plan, plan.host, cwd, run, front_end))
   device = asyncio.ensure_future(_chain(plan, plan.device, cwd, run, front_end))
   try:
@@ -173,6 +185,14 @@ async def compile_split(argv: list[str], source_text: str, cwd: pathlib.Path, ru
     for task in (host, device):
       task.cancel()
     await asyncio.gather(host, device, return_exceptions=True)
+  return await _finish(plan, cwd, run, results, prepare_final)
+
+
+async def _finish(plan: Plan, cwd: pathlib.Path, run: RunFn,
+                  results: Sequence[tuple[int, str] | BaseException],
+                  prepare_final: PrepareFn | None) -> tuple[int, str]:
+  """The chains' results (host, device: (rc, output) or the exception) reported as nvcc would,
+  then the host compile."""
   # A bound went over, or a step could not be confined: final, whichever chain it was.
   for result in results:
     if isinstance(result, (compile_procs.LimitExceeded, confine_lib.ConfinementError)):

@@ -67,12 +67,14 @@ class Objects:
 
   async def compile(self, cmd: list[str], text: str, filename: str,
                     module_id: str | None = None,
-                    files: dict[str, str] | None = None, nvcc: bool = True) -> tuple[str, str]:
+                    files: dict[str, str] | None = None, nvcc: bool = True,
+                    host_first: bool = False) -> tuple[str, str]:
     """One translation unit (`cmd` holds "{src}" and "{out}"): (.o path, compiler output).
     `module_id`: nvcc's for a split compile at a light tier (else one from the source); it also
     lets the host compile read its shared prefix precompiled. `files`: more files it includes,
     by relative path (batch.py). `nvcc`: False for a .cu file that g++ compiles (`-x c++`: the
-    split path's host half). Raises ProcessFailed."""
+    split path's host half). `host_first`: expected to fail, so nvcc's device chain waits for
+    its host chain (nvcc_split.compile_split; the same result). Raises ProcessFailed."""
     split = self._split and nvcc and filename.endswith(".cu")
     key = digest("obj", self._fingerprint, cmd, text, split, module_id, *([files] if files else []))
     final = self.cache_dir / "obj" / key[:2] / key
@@ -84,14 +86,17 @@ class Objects:
     if failed.is_file():
       raise compile_procs.ProcessFailed(failed.read_text(errors="replace"))
     path = await self._inflight.run(
-        key, lambda: self._compile(cmd, text, filename, final, split, module_id, files or {}))
+        key, lambda: self._compile(cmd, text, filename, final, split, module_id, files or {},
+                                   host_first))
     return path, read(final / "compile.log")
 
   async def _compile(self, cmd: list[str], text: str, filename: str, final: pathlib.Path,
-                     split: bool, module_id: str | None, files: dict[str, str]) -> str:
+                     split: bool, module_id: str | None, files: dict[str, str],
+                     host_first: bool) -> str:
     work = pathlib.Path(tempfile.mkdtemp(prefix="tu-", dir=self.cache_dir / "tmp"))
     try:
-      return await self._compile_in(work, cmd, text, filename, final, split, module_id, files)
+      return await self._compile_in(work, cmd, text, filename, final, split, module_id, files,
+                                    host_first)
     except compile_procs.LimitExceeded as e:
       raise compile_procs.LimitExceeded(e.limit, self._clean(e.log, work)) from None
     finally:
@@ -99,7 +104,7 @@ class Objects:
 
   async def _compile_in(self, work: pathlib.Path, cmd: list[str], text: str, filename: str,
                         final: pathlib.Path, split: bool, module_id: str | None,
-                        files: dict[str, str]) -> str:
+                        files: dict[str, str], host_first: bool) -> str:
     (work / filename).write_text(text, encoding="utf-8")
     for name, content in files.items():
       (work / name).parent.mkdir(parents=True, exist_ok=True)
@@ -114,7 +119,7 @@ class Objects:
       try:
         result = await nvcc_split.compile_split(
             argv, text, work, lambda a, cwd: self._runner.run(a, cwd, echo=False),
-            module_id=module_id, prepare_final=prepare, front_end=warm)
+            module_id=module_id, prepare_final=prepare, front_end=warm, host_first=host_first)
       except (compile_procs.LimitExceeded, confine_lib.ConfinementError):
         raise  # the source went over a bound (final), or we could not confine a step
       except Exception:  # pylint: disable=broad-except  (a speed-up: nvcc itself decides)

@@ -55,16 +55,18 @@ class Trace:
   """The processes one build ran: `steps` holds {step, start_s, queued_s, wall_s, cpu_s, what}
   dicts, times in seconds from `start`; `cpu_s` is the process tree's user + system time as the
   exec wrapper measured it (absent where there is no wrapper, or it was killed); `what` is WHAT's
-  value (absent when empty)."""
+  value (absent when empty); `cancelled` is True for a process stopped because its result was no
+  longer needed (a concurrent chain's, after the other failed)."""
   start: float = dataclasses.field(default_factory=time.monotonic)
   steps: list[dict] = dataclasses.field(default_factory=list)
 
   def add(self, step: str, asked: float, began: float, ended: float,
-          cpu_s: float | None = None) -> None:
+          cpu_s: float | None = None, cancelled: bool = False) -> None:
     self.steps.append({"step": step, "start_s": round(began - self.start, 3),
                        "queued_s": round(began - asked, 3), "wall_s": round(ended - began, 3),
                        **({"cpu_s": round(cpu_s, 3)} if cpu_s is not None else {}),
-                       **({"what": WHAT.get()} if WHAT.get() else {})})
+                       **({"what": WHAT.get()} if WHAT.get() else {}),
+                       **({"cancelled": True} if cancelled else {})})
 
 
 # What the processes the current task runs compile, when not the build's own translation unit
@@ -177,8 +179,13 @@ class ProcessRunner:
     asked = time.monotonic()
     async with self._slots.hold(PRIORITY.get()):
       began = time.monotonic()
-      rc, text, limit, cpu_s = await self._spawn(argv, cwd, reads, shared)
       trace = STEPS.get()
+      try:
+        rc, text, limit, cpu_s = await self._spawn(argv, cwd, reads, shared)
+      except asyncio.CancelledError:  # stopped (killed) once it was not needed: it still ran
+        if trace is not None:
+          trace.add(step or step_name(argv), asked, began, time.monotonic(), cancelled=True)
+        raise
       if trace is not None:
         trace.add(step or step_name(argv), asked, began, time.monotonic(), cpu_s)
     if rc != 0 and echo:
