@@ -16,6 +16,7 @@ mean CPU-s and wall-s per candidate, and the ratios lite / split and lite_batch 
 
   python benchmarks/verifier_split_compile.py --count 8
   python benchmarks/verifier_split_compile.py            # every reference middle that splits
+  python benchmarks/verifier_split_compile.py --count 8 --warm-front-ends   # as a GPU server
 """
 
 from __future__ import annotations
@@ -67,12 +68,13 @@ async def main(args) -> None:
       exts.append((f"dice_{i}", report.extensions[0]))
   toolchain = toolchain_lib.discover()
   cache = pathlib.Path(args.cache_dir or tempfile.mkdtemp(prefix="split-bench-"))
+  warm = args.warm_front_ends
   split = compile_lib.Compiler(toolchain, cache,
                                compile_lib.CompilerOptions(max_jobs=args.jobs, split=True,
-                                                           batch_members=1))
+                                                           batch_members=1, warm_front_ends=warm))
   lite = compile_lib.Compiler(toolchain, cache,
                               compile_lib.CompilerOptions(max_jobs=args.jobs, split=False,
-                                                          batch_members=1))
+                                                          batch_members=1, warm_front_ends=warm))
   batch = compile_lib.Compiler(toolchain, cache,
                                compile_lib.CompilerOptions(max_jobs=args.jobs, split=False))
   try:
@@ -119,7 +121,7 @@ async def main(args) -> None:
     for variant in ("lite", "lite_batch"):
       print(f"ratio {variant}/split: cpu {figures[variant][0] / s_cpu:.2f}x, "
             f"wall {figures[variant][1] / s_wall:.2f}x")
-    print("split stats:", split.split_stats())
+    print("split stats:", split.split_stats(), "warm front ends:", split.front_end_stats())
   finally:
     await asyncio.gather(split.close(), lite.close(), batch.close())
 
@@ -130,4 +132,6 @@ if __name__ == "__main__":
   parser.add_argument("--count", type=int, default=0, help="stop after this many that split")
   parser.add_argument("--jobs", type=int, default=os.cpu_count() or 2)
   parser.add_argument("--cache-dir", default="", help="reuse a cache (shared headers built)")
+  parser.add_argument("--warm-front-ends", action="store_true",
+                      help="split and lite with warm front ends, as a server with GPUs runs")
   asyncio.run(main(parser.parse_args()))

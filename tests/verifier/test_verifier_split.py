@@ -245,6 +245,52 @@ def test_a_half_that_does_not_compile_ends_as_the_usual_paths_compile_error(buil
   assert "__dice" not in split.log and "dice_split" not in split.log
 
 
+def test_device_halves_finish_in_warm_front_ends_with_the_lite_builds_kernels(
+    toolchain, cache_dir, built):
+  """Every device half starts with the same preprocessed text (one header include, one module id
+  per environment), so with warm front ends on (as in a server with GPUs) a later candidate's
+  device half finishes in front ends that parsed its headers ahead; its kernels and exports are
+  still the lite build's. (`built` first: the shared headers and names exist.)"""
+  variants = {f"warm_{k}": GOOD.replace("2.0f * x", f"{k}.0f * x") for k in (3, 5, 7)}
+  exts = {name: checks.check_candidate(kernels.cuda_candidate(text, name)).extensions[0]
+          for name, text in variants.items()}
+
+  async def go():
+    on = compile_lib.Compiler(toolchain, cache_dir, compile_lib.CompilerOptions(
+        max_jobs=2, split=True, batch_members=1, warm_front_ends=True))
+    off = compile_lib.Compiler(toolchain, cache_dir, compile_lib.CompilerOptions(
+        max_jobs=2, split=False, batch_members=1))
+    try:
+      await asyncio.gather(on.warm_up(), off.warm_up())
+      assert await asyncio.wait_for(on.split_ready(), 900), on.split_stats()
+      out = {}
+      for name, ext in exts.items():
+        out[name] = (await on.build(ext, 900, problem=name),
+                     await off.build(ext, 900, problem=name))
+        # The warm processes this build started (lite tier's and device half's): ready before
+        # the next build, as between a burst's waves.
+        for _ in range(600):
+          if on.front_end_stats().get("warm_front_ends", 0) >= 4:
+            break
+          await asyncio.sleep(0.2)
+      return out, on.front_end_stats()
+    finally:
+      await asyncio.gather(on.close(), off.close())
+
+  results, stats = asyncio.run(go())
+  warm_device_steps = []
+  for name, (split, lite) in results.items():
+    assert split.ok and lite.ok, (name, split.log[-1500:], lite.log[-1500:])
+    assert split.header_tier == "split", (name, split.split_note)
+    warm_device_steps += [s["step"] for s in split.steps
+                          if s.get("what") == "device" and s["step"].endswith("(warm)")]
+    _same_exports(split.so_path, lite.so_path)
+    if _cuobjdump() is not None:
+      assert _sass(split.so_path) == _sass(lite.so_path), name
+  assert {"cudafe++ (warm)", "cicc (warm)"} <= set(warm_device_steps), (warm_device_steps, stats)
+  assert stats["warm_off"] == 0, stats
+
+
 _CALL_GPU = textwrap.dedent("""
     import importlib.util, json, sys, torch
     out = []

@@ -185,7 +185,8 @@ class Compiler:
     self._front_ends = front_ends_lib.FrontEnds(
         self.cache_dir / "tmp", self.cache_dir / "warm", self._runner.env,
         lambda argv, cwd: self._runner.run(argv, cwd, echo=False), nice=nice,
-        confinement=self.confinement
+        # cudafe++ and cicc of the lite tier's command, and of the split's device half
+        max_commands=4 if options.split else 2, confinement=self.confinement
     ) if options.warm_front_ends else None
     self._probe: asyncio.Task | None = None
     self._split_warm: asyncio.Future | None = None  # warm_up's split_ready, in the background

@@ -5,9 +5,10 @@ per toolchain, which names the cut must not meet. This module builds the halves,
 compile stage's process runner (confined and bounded like every compiler process):
 
   device half   nvcc with torch's own flags for cuda.cu (the source-as-written command: no tier
-                folder), split into its front ends as usual (nvcc_split.py). Its text starts
-                with the system headers the lite block starts with, cuda.h and cuda_runtime.h
-                (the view SplitNames.device was computed against), then `#line 1`.
+                folder), split into its front ends as usual (nvcc_split.py). Its text includes
+                one header of the work folder (DEVICE_HEADER: the system headers the lite block
+                starts with, cuda.h and cuda_runtime.h, the view SplitNames.device was computed
+                against), then `#line 1`; its module id is one per environment (`module_id`).
   host half     g++ with nvcc's host preprocessing flags less the macros saying "this is nvcc"
                 (split_names.host_command), `-x c++`, and `-include` a precompiled header of the
                 lite tier's block, cuda.h, cuda_runtime.h and nvcc's declaration of
@@ -20,6 +21,12 @@ Decisions:
 - Every candidate a cut cannot serve, and every half that does not compile or link, takes the
   usual path (header tiers, batches), which decides its verdict: a split only ever changes what a
   build costs. A half over a bound (limits.py) is final, as everywhere in the stage.
+- The device half's headers are one include and its module id is fixed, as at the lite tier
+  (compiler.py): every device half then starts with the same preprocessed text, so warm front
+  ends (front_ends.py) and the precompiled host code of nvcc's last step (host_pch.py) serve it.
+  On the H200 RL burst of 2026-12-04 (9015078, before this) device halves were 476 of a step's
+  755 compile CPU-s: cudafe++ 2.46, cicc 1.96 and the last g++ 1.30 CPU-s each (medians), the
+  candidate's own code a small part of each.
 - The names and the precompiled header are built in the background once the first build asks
   (or `warm_up`), never waited for: until both exist, builds take the usual path.
 - Checked, not assumed: the names are the installed headers' own (split_names.py); the split
@@ -47,6 +54,10 @@ from verifier_service.compile import split_source
 log = logging.getLogger(__name__)
 
 HEADER = "dice_split_host.h"
+# The device half as compiled: its headers in one file of the work folder, then `#line 1` so
+# that the source's lines keep their numbers.
+DEVICE_HEADER = "dice_split_device.h"
+DEVICE_INCLUDE = f'#include "{DEVICE_HEADER}"\n#line 1\n'
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,8 +141,9 @@ class DeviceSplit:
     host_cmd = [host.compiler, "-include", header.path, "-Winvalid-pch", *host.flags, *name,
                 "-x", "c++", "-c", "{src}", "-o", "{out}"]
     results = await asyncio.gather(
-        _as("device", self._objects.compile(device_cmd, self._device_text(env, split.device),
-                                            "cuda.cu")),
+        _as("device", self._objects.compile(
+            device_cmd, DEVICE_INCLUDE + split.device, "cuda.cu", self.module_id(env),
+            files={DEVICE_HEADER: self.device_header(env)})),
         _as("host", self._objects.compile(host_cmd, split.host, "cuda.cu", nvcc=False)),
         return_exceptions=True)
     for result in results:
@@ -150,12 +162,18 @@ class DeviceSplit:
     return Halves(host_obj, device_obj), ""
 
   @staticmethod
-  def _device_text(env: header_tiers.Environment, device: str) -> str:
-    """The device half as compiled: first the headers its names were computed against
-    (split_names.device_prelude, cuda.h, cuda_runtime.h: the view `SplitNames.device` is the
-    difference from), then `#line 1` so that the source's lines keep their numbers."""
+  def device_header(env: header_tiers.Environment) -> str:
+    """What the device half includes first (DEVICE_HEADER): the headers its names were computed
+    against (split_names.device_prelude, cuda.h, cuda_runtime.h: the view `SplitNames.device`
+    is the difference from)."""
     return (split_names.device_prelude(env.blocks[header_tiers.LITE]) +
-            "#include <cuda.h>\n#include <cuda_runtime.h>\n#line 1\n" + device)
+            "#include <cuda.h>\n#include <cuda_runtime.h>\n")
+
+  @staticmethod
+  def module_id(env: header_tiers.Environment) -> str:
+    """The device halves' nvcc module id, one per environment (as the lite tier's, compiler.py;
+    another name, so that the two never share a cache entry or a warm process)."""
+    return f"_{env.key[:8]}_dsplit_{env.key[8:24]}"
 
   @staticmethod
   def _header_text(env: header_tiers.Environment) -> str:
