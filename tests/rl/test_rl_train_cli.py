@@ -229,11 +229,15 @@ def test_the_verifier_starts_before_the_warm_starts_sft_and_a_stop_during_it_clo
     asked.append(log.is_file())
     return True
 
+  def servers() -> set[int]:
+    return {p.pid for p in psutil.Process().children(recursive=True)
+            if "verifier_service.cli" in " ".join(p.cmdline())}
+
+  before = servers()  # other tests' session-scoped servers (tests/eval's loopback verifier) stay up
   result = warm_start_run.train(cfg, should_stop=stop)
   assert result.status == "stopped" and asked and asked[0], (result.status, asked)
   assert "serving on 127.0.0.1:" in log.read_text()  # it had started, and was then stopped:
-  servers = [p for p in psutil.Process().children(recursive=True) if "verifier_service.cli" in " ".join(p.cmdline())]
-  assert not servers, servers
+  assert not servers() - before, servers() - before
 
 
 def test_tiny_yaml_is_the_built_in_default_and_recipes_load(tmp_path):
