@@ -158,27 +158,87 @@ def test_the_compiler_warms_its_front_ends_at_start_up_and_builds_with_them(tool
   assert any(step.endswith("main.cpp") for step in steps), result.steps  # c++ or g++
 
 
-def test_a_cancelled_compile_kills_the_warm_process_it_claimed(toolchain, tmp_path):
-  session = _Session(toolchain, tmp_path)
+def _children(pid: int) -> list[int]:
+  try:
+    return [int(c) for c in pathlib.Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+  except OSError:
+    return []
 
-  def ready() -> list:
-    return [w for pool in session.front_ends._warm.values() for w in pool]
+
+def _servers(session: _Session) -> list:
+  return [w for pool in session.front_ends._warm.values() for w in pool]
+
+
+def test_one_fork_server_per_command_serves_a_burst_as_the_usual_runs_would(toolchain, tmp_path):
+  """Candidates compiled at once each finish in a child of the same two warm processes (no
+  header parsed again, no process started), and each writes what its usual run writes."""
+  session = _Session(toolchain, tmp_path)
+  values = ["4.f", "5.f", "undeclared_burst", "6.f"]
 
   async def go():
     try:
       await session.compile("learn", _BODY.format("1.f"))
       await session.front_ends.settle()
-      waiting = ready()
-      task = asyncio.ensure_future(session.compile("cancelled", _BODY.format("2.f")))
-      while any(w in ready() for w in waiting):  # until both are claimed
-        await asyncio.sleep(0.01)
-      task.cancel()
-      await asyncio.gather(task, return_exceptions=True)
-      return task.cancelled(), [w.process.returncode for w in waiting]
+      await session.compile("checked", _BODY.format("2.f"))  # the first claim, compared
+      servers = {w.process.pid for w in _servers(session)}
+      claimed, cpu = session.front_ends.claimed, session.front_ends.cpu_s
+      burst = await asyncio.gather(*(session.compile(f"burst{i}", _BODY.format(v))
+                                     for i, v in enumerate(values)))
+      after = {w.process.pid for w in _servers(session)}
+      own = session.front_ends.stats()["warm_server_cpu_s"]
+      plain = [await session.compile(f"plain{i}", _BODY.format(v), warm=False)
+               for i, v in enumerate(values)]
+      return (servers, after, session.front_ends.claimed - claimed,
+              session.front_ends.cpu_s - cpu, own, burst, plain)
     finally:
       await session.front_ends.close()
 
-  cancelled, codes = asyncio.run(go())
-  assert cancelled and len(codes) == 2
-  assert all(code is not None for code in codes), codes  # killed with the compile
+  servers, after, claimed, cpu, own, burst, plain = asyncio.run(go())
+  assert len(servers) == 2 and after == servers  # the same cudafe++ and cicc served all four
+  # each candidate's cudafe++ and cicc, but the broken one's cicc when its failed host chain
+  # cancels it first
+  assert 2 * len(values) - 1 <= claimed <= 2 * len(values), claimed
+  assert cpu > 0 and own > 0  # the children's CPU, and the servers' own (the prefix, parsed)
+  for got, want in zip(burst, plain):
+    assert got == want  # return code, printed output, object: byte for byte
+  assert burst[2][0] != 0 and "undeclared_burst" in burst[2][1]
+  assert not list((tmp_path / "scratch").iterdir())
+
+
+def test_a_cancelled_compile_kills_its_child_and_the_fork_server_serves_on(toolchain, tmp_path):
+  session = _Session(toolchain, tmp_path)
+
+  async def go():
+    try:
+      await session.compile("learn", _BODY.format("1.f"))
+      await session.front_ends.settle()
+      await session.compile("checked", _BODY.format("2.f"))
+      servers = _servers(session)
+      task = asyncio.ensure_future(session.compile("cancelled", _BODY.format("3.f")))
+      while not any(w.pending for w in servers):  # until a child runs
+        await asyncio.sleep(0.005)
+      task.cancel()
+      await asyncio.gather(task, return_exceptions=True)
+      for _ in range(1000):  # the waiter is killed, its child with it (PR_SET_PDEATHSIG)
+        if not any(_children(w.process.pid) for w in servers):
+          break
+        await asyncio.sleep(0.01)
+      left = [_children(w.process.pid) for w in servers]
+      codes = [w.process.returncode for w in servers]
+      folders = sorted(p.name for w in servers for p in w.folder.iterdir()
+                       if p.is_dir() and p.name != "nvcc-steps")
+      claimed = session.front_ends.claimed
+      again = await session.compile("again", _BODY.format("3.f"))
+      plain = await session.compile("plain", _BODY.format("3.f"), warm=False)
+      return (task.cancelled(), left, codes, folders, session.front_ends.claimed - claimed,
+              again, plain)
+    finally:
+      await session.front_ends.close()
+
+  cancelled, left, codes, folders, claimed, again, plain = asyncio.run(go())
+  assert cancelled
+  assert left == [[], []], left  # no child left running
+  assert codes == [None, None]  # the fork servers live on
+  assert folders == [], folders  # the child's folder went with it
+  assert claimed == 2 and again == plain
   assert [p.name for p in (tmp_path / "scratch").iterdir()] == []

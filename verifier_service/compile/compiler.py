@@ -31,7 +31,8 @@ it fast (each measured in `benchmarks/verifier_compile.py`):
    alone, as above.
 7. Warm front ends (front_ends.py; on by default in a server with GPUs): one cudafe++ and one
    cicc per nvcc command, started ahead of time and already through the shared light-tier
-   headers; a compile whose preprocessed input starts with them sends them only the rest.
+   headers, then fork servers: a compile whose preprocessed input starts with them finishes in
+   a forked child that reads only the rest.
    Started and checked by a probe after `warm_up`, which also builds the precompiled host code
    of point 3.
 8. The split path (device_split.py; `CompilerOptions(split=True)`, off by default): a
@@ -186,7 +187,8 @@ class Compiler:
         self.cache_dir / "tmp", self.cache_dir / "warm", self._runner.env,
         lambda argv, cwd: self._runner.run(argv, cwd, echo=False), nice=nice,
         # cudafe++ and cicc of the lite tier's command, and of the split's device half
-        max_commands=4 if options.split else 2, confinement=self.confinement
+        max_commands=4 if options.split else 2, confinement=self.confinement,
+        slot=self._runner.slot
     ) if options.warm_front_ends else None
     self._probe: asyncio.Task | None = None
     self._split_warm: asyncio.Future | None = None  # warm_up's split_ready, in the background
@@ -309,8 +311,9 @@ class Compiler:
     entries = sum(1 for _ in (self.cache_dir / "builds").glob("*.json"))
     return {"entries": entries, "hits": self.hits, "misses": self.misses, "size_bytes": size}
 
-  def front_end_stats(self) -> dict[str, int]:
-    """Warm front ends (front_ends.py): ready, claimed, missed, commands switched off."""
+  def front_end_stats(self) -> dict[str, float]:
+    """Warm front ends (front_ends.py): ready, claimed, missed, commands switched off, the
+    children's CPU seconds."""
     return self._front_ends.stats() if self._front_ends else {}
 
   def batch_stats(self) -> dict[str, int]:

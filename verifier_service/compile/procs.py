@@ -170,6 +170,10 @@ class ProcessRunner:
     """The environment compiler processes get (the allow-list when confined)."""
     return self._env
 
+  def slot(self) -> contextlib.AbstractAsyncContextManager[None]:
+    """One compiler slot, held for a process run elsewhere (a warm front end's child)."""
+    return self._slots.hold(PRIORITY.get())
+
   async def run(self, argv: list[str], cwd: pathlib.Path, echo: bool = True,
                 step: str = "", reads: tuple[str, ...] = (), shared: bool = False
                 ) -> tuple[int, str]:
