@@ -44,7 +44,8 @@ import psutil
 class TreeSampler:
   """Samples this process's children and their descendants (each child: one tree) until closed.
   Trees whose command line holds `skip` (the shared header builds' own file bound) are left out:
-  they have bounds of their own (Limits.shared) and are measured separately.
+  they have bounds of their own (Limits.shared) and are measured separately; so are children
+  already alive when sampling starts (a test session's long-lived servers): not the work measured.
 
   peak_tree_bytes: the largest sum of RSS over one tree at one sample; peak_process_bytes: the
   largest RSS of one process; peak_data_bytes: the largest data segment of one process (virtual:
@@ -63,8 +64,10 @@ class TreeSampler:
     self.processes: set[int] = set()
     self._stop = threading.Event()
     self._thread = threading.Thread(target=self._run, daemon=True)
+    self._before: set[tuple[int, float]] = set()
 
   def __enter__(self) -> TreeSampler:
+    self._before = {_identity(p) for p in psutil.Process().children(recursive=False)}
     self._thread.start()
     return self
 
@@ -77,7 +80,7 @@ class TreeSampler:
     while not self._stop.is_set():
       for root in me.children(recursive=False):
         try:
-          if self.skip and self.skip in root.cmdline():
+          if _identity(root) in self._before or (self.skip and self.skip in root.cmdline()):
             continue
           tree = [root] + root.children(recursive=True)
         except psutil.Error:
@@ -100,6 +103,14 @@ class TreeSampler:
         self.peak_tree_bytes = max(self.peak_tree_bytes, rss)
         self.peak_tasks = max(self.peak_tasks, tasks)
       self._stop.wait(self.interval_s)
+
+
+def _identity(process: psutil.Process) -> tuple[int, float]:
+  """A process as itself, not its pid alone (pids are reused)."""
+  try:
+    return process.pid, process.create_time()
+  except psutil.Error:
+    return process.pid, 0.0
 
 
 class FileSampler:
