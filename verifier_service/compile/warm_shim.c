@@ -205,9 +205,10 @@ static void report(int fd, const char *name, int status, long cpu_us) {
 }
 
 /* The child that goes on with the tool: its folder, its output, its input's rest. */
-static void become_child(feed *f, const char *name, int res) {
+static void become_child(feed *f, const char *name, int res, pid_t waiter) {
   close(res);
   prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (getppid() != waiter) raise(SIGKILL); /* the waiter died before the line above */
   if (chdir(name) != 0) raise(SIGKILL); /* a signal: the server runs the tool as usual */
   int out = open(".output", O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   int in = open(".rest", O_RDONLY | O_CLOEXEC);
@@ -242,15 +243,18 @@ static void serve(feed *f) {
       continue;
     }
     sigprocmask(SIG_BLOCK, &chld, &old);
+    pid_t server = getpid();
     pid_t waiter = fork();
     if (waiter == 0) {
       sigaction(SIGCHLD, &plain, NULL);
       sigprocmask(SIG_SETMASK, &old, NULL);
       prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (getppid() != server) _exit(0); /* the server died before the line above */
       close(req);
+      pid_t me = getpid();
       pid_t child = fork();
       if (child == 0) {
-        become_child(f, line, res);
+        become_child(f, line, res, me);
         return;
       }
       int status = 0;
