@@ -39,12 +39,24 @@ DATA = pathlib.Path(__file__).resolve().parents[1].parent / "shared/data/dice/" 
     "kernel_infilling_evaluation.json"
 
 
-def _cpu() -> float:
+def children_cpu() -> float:
+  """User+system CPU seconds of every child this process has reaped."""
   usage = resource.getrusage(resource.RUSAGE_CHILDREN)
   return usage.ru_utime + usage.ru_stime
 
 
-def _fresh(ext, tag: str):
+def phase1_extensions(path: str) -> list:
+  """(name, InlineExtension) of each DICE phase-1 item at `path` whose known-good answer has one
+  extension with CUDA sources."""
+  exts = []
+  for i, item in enumerate(json.loads(pathlib.Path(path).read_text())):
+    report = checks.check_candidate(item["prefix"] + item["middle"] + item["suffix"])
+    if len(report.extensions) == 1 and report.extensions[0].cuda_sources:
+      exts.append((f"dice_{i}", report.extensions[0]))
+  return exts
+
+
+def fresh(ext, tag: str):
   """`ext` with cuda.cu made new by a trailing comment (same meaning, a cold object)."""
   cuda = tuple(s + f"\n// {tag} {os.urandom(6).hex()}\n" for s in ext.cuda_sources)
   return dataclasses.replace(ext, cuda_sources=cuda)
@@ -53,19 +65,14 @@ def _fresh(ext, tag: str):
 async def _one_at_a_time(compiler, exts, tag):
   rows = []
   for name, ext in exts:
-    cpu, wall = _cpu(), time.monotonic()
-    result = await compiler.build(_fresh(ext, tag), 900, problem=name)
-    rows.append((name, result, _cpu() - cpu, time.monotonic() - wall))
+    cpu, wall = children_cpu(), time.monotonic()
+    result = await compiler.build(fresh(ext, tag), 900, problem=name)
+    rows.append((name, result, children_cpu() - cpu, time.monotonic() - wall))
   return rows
 
 
 async def main(args) -> None:
-  items = json.loads(pathlib.Path(args.data).read_text())
-  exts = []
-  for i, item in enumerate(items):
-    report = checks.check_candidate(item["prefix"] + item["middle"] + item["suffix"])
-    if len(report.extensions) == 1 and report.extensions[0].cuda_sources:
-      exts.append((f"dice_{i}", report.extensions[0]))
+  exts = phase1_extensions(args.data)
   toolchain = toolchain_lib.discover()
   cache = pathlib.Path(args.cache_dir or tempfile.mkdtemp(prefix="split-bench-"))
   warm = args.warm_front_ends
@@ -108,10 +115,10 @@ async def main(args) -> None:
               f"cpu={cpu:6.2f} s wall={wall:6.2f} s steps_cpu="
               + ", ".join(f"{k} {v:.2f}" for k, v in sorted(parts.items())), flush=True)
       figures[variant] = (sum(r[2] for r in rows) / len(rows), sum(r[3] for r in rows) / len(rows))
-    cpu, wall = _cpu(), time.monotonic()
-    results = await asyncio.gather(*(batch.build(_fresh(ext, "batch"), 900, problem=name)
+    cpu, wall = children_cpu(), time.monotonic()
+    results = await asyncio.gather(*(batch.build(fresh(ext, "batch"), 900, problem=name)
                                      for name, ext in chosen))
-    figures["lite_batch"] = ((_cpu() - cpu) / len(chosen), (time.monotonic() - wall) / len(chosen))
+    figures["lite_batch"] = ((children_cpu() - cpu) / len(chosen), (time.monotonic() - wall) / len(chosen))
     print(f"  lite_batch members batched: {sum(1 for r in results if r.batch_size)} of "
           f"{len(results)}", flush=True)
     print(f"load average: {os.getloadavg()}")

@@ -26,52 +26,32 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import dataclasses
-import json
 import os
 import pathlib
-import resource
 import statistics
 import tempfile
 import time
 
-from verifier_service.compile import checks
 from verifier_service.compile import compiler as compile_lib
 from verifier_service.compile import toolchain as toolchain_lib
 
-DATA = pathlib.Path(__file__).resolve().parents[1].parent / "shared/data/dice/" \
-    "kernel_infilling_evaluation.json"
-
-
-def _children_cpu() -> float:
-  usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-  return usage.ru_utime + usage.ru_stime
-
-
-def _fresh(ext, tag: str):
-  """`ext` with cuda.cu made new by a trailing comment (same meaning, a cold object)."""
-  cuda = tuple(s + f"\n// {tag} {os.urandom(6).hex()}\n" for s in ext.cuda_sources)
-  return dataclasses.replace(ext, cuda_sources=cuda)
+import verifier_split_compile as split_bench  # its data path, CPU reading, fresh candidates
 
 
 async def _burst(compiler, exts, tag: str) -> tuple[float, float, list]:
   """CPU-s and wall-s of building every candidate at once, and the results."""
   warm_cpu = compiler.front_end_stats().get("warm_cpu_s", 0.0)
-  cpu, wall = _children_cpu(), time.monotonic()
-  results = await asyncio.gather(*(compiler.build(_fresh(ext, tag), 900, problem=name)
+  cpu, wall = split_bench.children_cpu(), time.monotonic()
+  results = await asyncio.gather(*(compiler.build(split_bench.fresh(ext, tag), 900, problem=name)
                                    for name, ext in exts))
   wall = time.monotonic() - wall
-  cpu = _children_cpu() - cpu + compiler.front_end_stats().get("warm_cpu_s", 0.0) - warm_cpu
+  cpu = (split_bench.children_cpu() - cpu
+         + compiler.front_end_stats().get("warm_cpu_s", 0.0) - warm_cpu)
   return cpu, wall, results
 
 
 async def main(args) -> None:
-  items = json.loads(pathlib.Path(args.data).read_text())
-  exts = []
-  for i, item in enumerate(items):
-    report = checks.check_candidate(item["prefix"] + item["middle"] + item["suffix"])
-    if len(report.extensions) == 1 and report.extensions[0].cuda_sources:
-      exts.append((f"dice_{i}", report.extensions[0]))
+  exts = split_bench.phase1_extensions(args.data)
   exts = exts[:args.count] if args.count else exts
   toolchain = toolchain_lib.discover()
   cache = pathlib.Path(args.cache_dir or tempfile.mkdtemp(prefix="warm-bench-"))
@@ -124,7 +104,7 @@ async def main(args) -> None:
 
 if __name__ == "__main__":
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  parser.add_argument("--data", default=str(DATA))
+  parser.add_argument("--data", default=str(split_bench.DATA))
   parser.add_argument("--count", type=int, default=8, help="candidates per burst (0: all)")
   parser.add_argument("--rounds", type=int, default=2)
   parser.add_argument("--jobs", type=int, default=os.cpu_count() or 2)
