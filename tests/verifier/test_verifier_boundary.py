@@ -31,6 +31,7 @@ from verifier_service.run import ops
 from verifier_service.run import policy
 from verifier_service.run import wire
 from verifier_service.service import config as config_lib
+from verifier_service.trusted import judge as judge_lib
 from verifier_service.trusted import verdict
 from verifier_service.untrusted import probes
 
@@ -274,6 +275,33 @@ def test_running_out_of_memory_on_a_large_problem_asks_for_a_run_alone():
     merged = _merge(judge, cand)
     assert verdict.SHORT_OF_MEMORY not in merged, (judge["memory"], cand["error"])
     assert merged["outcome"] in ("RUNTIME_ERROR", "INCORRECT")
+
+
+def test_timed_outputs_the_candidates_process_keeps_count_as_the_verifiers_memory():
+  """The timing stage has the candidate's process keep outputs (each batch's, and the calls drawn
+  for the secret check): that memory is the verifier's. A process that runs out of memory while
+  holding it is marked for the run alone, as DICE 3497 (4 GiB outputs) needed on the H200, where
+  the problem's own tensors were 14% of a 31.5 GiB share and the kept outputs the rest."""
+  job = envelope.Job(job_id="cpu/0#1", reference_source="ref", candidate_source="cand",
+                     options=_OPTIONS, modules={}, kernel_names=(), kernel_namespaces=())
+  judge = judge_lib.Judge(envelope.Envelope(job=job, device="cpu", share=envelope.Share(
+      sandboxed=True, memory_bytes=40_000)), None, lambda _: None)
+  judge.spec, judge.input_bytes = wire.spec(torch.zeros(1000)), 1000
+  out = wire.payload_bytes(judge.spec)
+  assert out >= 4000 and judge.memory() == envelope.Memory(1000 + out, 40_000)
+  ended = dict(_JUDGE_OK, outcome=None, candidate_ended="it stopped")
+  oom = dict(_CAND_OK, error={"outcome": "RUNTIME_ERROR", "out_of_memory": True,
+                              "message": "timing raised OutOfMemoryError"})
+  memory = lambda: {"memory": dataclasses.asdict(judge.memory())}
+  assert verdict.SHORT_OF_MEMORY not in _merge(dict(ended, **memory()), oom)
+  judge.holding(2)  # a batch of two calls, nothing kept yet
+  assert judge.memory().problem_bytes == 2 * 1000 + 2 * 2 * out
+  judge.kept_calls = [1, 6]
+  judge.holding(2)
+  assert judge.memory().problem_bytes == 2 * 1000 + 2 * 4 * out
+  judge.holding(1)  # the peak stays
+  assert judge.memory().problem_bytes == 2 * 1000 + 2 * 4 * out
+  assert _merge(dict(ended, **memory()), oom)[verdict.SHORT_OF_MEMORY] is True
 
 
 def test_judge_outcomes_and_policy_findings_reach_the_verdict():

@@ -164,7 +164,9 @@ class Trial:
 
 @dataclasses.dataclass(frozen=True)
 class Memory:
-  """Bytes of the problem's own tensors, and of the candidate's process's share (0: unbounded)."""
+  """Bytes the verifier's own work puts in the candidate's process (the problem's tensors, and
+  during timing the outputs it keeps: trusted/judge.timing_bytes), and that process's share (0:
+  unbounded)."""
   problem_bytes: int
   share_bytes: int
 

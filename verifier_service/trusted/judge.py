@@ -71,6 +71,18 @@ KEPT_BYTES = 512 << 20  # a batch's outputs each side keeps until the draw (boun
 _READ_BYTES = 256 << 20  # timed outputs read back per round trip (at least one call's)
 
 
+def timing_bytes(input_bytes: int, output_bytes: int, batch_calls: int, kept_calls: int) -> int:
+  """Bytes the timing stage makes the candidate's process hold at once (untrusted/child.py): the
+  inputs twice (the timed values and the buffer they are rolled into), and two copies of every
+  output of the batch and of every call kept for the secret check (the snapshot taken when the
+  timer stopped, and the output itself).
+
+  Why it is counted: on a problem with 4 GiB outputs (DICE 3497) the four kept calls and a batch of
+  two come to 48 GiB in that process, our memory, not the candidate's; counted, running out there
+  earns the run alone on its GPU (verdict.short_of_memory) instead of a RUNTIME_ERROR."""
+  return 2 * input_bytes + 2 * (batch_calls + kept_calls) * output_bytes
+
+
 class Ended(Exception):
   """Ends the judge's run with an outcome (None: the candidate's side decides, see verdict.py).
 
@@ -106,6 +118,7 @@ class Judge:
     self.spec: list[dict[str, Any]] = []
     self.ref_aliases_inputs = False
     self.input_bytes = 0  # the largest inputs of a trial so far
+    self.held_bytes = 0  # the most the timing stage made the candidate's process hold (`holding`)
     self.reference_s = 0.0  # one call of the reference (run/budget.py)
     self.pace_s = 0.0  # the slowest trial's exchange with the candidate's side, as timed here
     self.parts: dict[str, float] = {}  # seconds per part of the timing stage and after (`part`)
@@ -130,19 +143,25 @@ class Judge:
     self.parts[name] = self.parts.get(name, 0.0) + now - since
     return now
 
+  def holding(self, batch_calls: int) -> None:
+    """Notes what the next timed batch makes the candidate's process hold (`timing_bytes`), before
+    it is asked to run it: if that process runs out of memory there, `memory` says so."""
+    self.held_bytes = max(self.held_bytes, timing_bytes(
+        self.input_bytes, wire.payload_bytes(self.spec), batch_calls, len(self.kept_calls)))
+
   def memory(self) -> envelope_lib.Memory:
-    """Bytes of the problem's own tensors (the largest trial's inputs and the reference's
-    outputs) and of the memory the candidate's process may hold on this device: its GPU share
-    (the allocator cap the worker set: a fraction of the GPU) or, on the CPU test device, its
-    RLIMIT_DATA; 0 where neither is set."""
+    """Bytes the verifier's own work puts in the candidate's process (the largest trial's inputs
+    and the reference's outputs; during timing, what `holding` noted) and of the memory that
+    process may hold on this device: its GPU share (the allocator cap the worker set: a fraction
+    of the GPU) or, on the CPU test device, its RLIMIT_DATA; 0 where neither is set."""
     if self.device.type == "cuda":
       total = torch.cuda.get_device_properties(self.device).total_memory
       fraction = self.share.gpu_memory_fraction
       share = int(total * fraction) if 0.0 < fraction < 1.0 else total
     else:
       share = self.share.memory_bytes if self.share.sandboxed else 0
-    return envelope_lib.Memory(problem_bytes=self.input_bytes + wire.payload_bytes(self.spec),
-                               share_bytes=share)
+    own = max(self.input_bytes + wire.payload_bytes(self.spec), self.held_bytes)
+    return envelope_lib.Memory(problem_bytes=own, share_bytes=share)
 
   def sync(self) -> None:
     if self.device.type == "cuda":
@@ -438,6 +457,7 @@ class Judge:
             if k in chosen:
               kept.append(problem.clone_tree(out))
         else:
+          self.holding(len(chunk))
           reply, _ = self.ask({"op": "time", "shifts": [s for s, _ in chunk],
                                "colds": [c for _, c in chunk]})
           times = reply.get("us")

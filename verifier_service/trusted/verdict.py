@@ -38,12 +38,14 @@ from verifier_service.trusted import exploits
 
 # Internal key of a merged verdict (never sent): the run deserves a retry alone on its GPU.
 SHORT_OF_MEMORY = "short_of_memory"
-# Decision: a candidate's process that ran out of GPU memory on a problem whose own
-# inputs and outputs take at least this part of its share may have run out of memory that is ours
-# to give. Besides the candidate's work the verifier keeps several output-sized tensors there (the
-# allocator's NaN blocks, the outputs it encodes, the caching probe's two calls): DICE 3497 (4.5 GB
-# of inputs and outputs) ran out in our code at 4 slots per GPU (15.7 GiB). On a smaller problem,
-# running out is the candidate's doing.
+# Decision: a candidate's process that ran out of GPU memory where the verifier's own work in it
+# (the problem's inputs and outputs; in the timing stage the outputs it keeps, judge.timing_bytes)
+# takes at least this part of its share may have run out of memory that is ours to give. Besides
+# the candidate's work the verifier keeps several output-sized tensors there (the allocator's NaN
+# blocks, the outputs it encodes, the caching probe's two calls): DICE 3497 (4.5 GB of inputs and
+# outputs) ran out in our code at 4 slots per GPU (15.7 GiB), and again in the timing stage at a
+# 31.5 GiB share (H200, 2026-12-04: kept timed outputs were not counted then). Otherwise running
+# out is the candidate's doing.
 MEMORY_RETRY_SHARE = 0.25
 
 _SIGNAL_CAUSES = {
