@@ -14,7 +14,11 @@
 #
 # The DICE file does not travel with ../shared: copy ../shared/data/dice/ into .carry/dice
 # (git-ignored) and carry `.carry`. Stage limits can be changed with TESTS_S, BURST_S,
-# THROUGHPUT_S (first part) and ADVERSARIAL_S, DICE_S, RUN_STAGE_S (second part).
+# THROUGHPUT_S (first part; TESTS_S=0 skips the tests and RUN_STAGE_S=0 the run stage's benchmark, FRONT_ENDS_S=N adds verifier_warm_front_ends.py
+# --split on 32 DICE candidates) and ADVERSARIAL_S, DICE_S, RUN_STAGE_S (second part); BURST_ARGS and
+# THROUGHPUT_ARGS pass flags on (e.g. "--server-set compile_split=true", "--compile-split"), and
+# BURST_BUDGET_S the burst's --budget-s. Wheels in .whl/ (../shared/device/wheels.sh) are installed
+# first.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu_rl_speed}
@@ -28,21 +32,34 @@ source benchmarks/stage.sh
 
 nvidia-smi --query-gpu=name,memory.total --format=csv >"$OUT/gpu.txt" 2>&1
 git log --oneline -1 >"$OUT/commit.txt" 2>&1
+if compgen -G ".whl/*.whl" >/dev/null; then  # what the image lacks (../shared/device/wheels.sh)
+  stage wheels 60 python3 -m pip install -q --no-index --no-deps --no-compile .whl/*.whl
+fi
 stage install 90 python3 -m pip install -q --no-deps --no-build-isolation -e .
 case "$PART" in
   main)
-    stage tests "${TESTS_S:-150}" python3 -m pytest -q -m gpu -p no:cacheprovider -rs \
-      tests/verifier/test_verifier_gpu_rl_speed.py
+    if [ "${TESTS_S:-150}" != 0 ]; then
+      stage tests "${TESTS_S:-150}" python3 -m pytest -q -m gpu -p no:cacheprovider -rs \
+        tests/verifier/test_verifier_gpu_rl_speed.py
+    fi
+    # shellcheck disable=SC2086  # BURST_ARGS is a list of flags
     stage rl_burst "${BURST_S:-210}" python3 benchmarks/verifier_rl_burst.py --data "$DATA" \
-      --steps 3 --budget-s 90 --json "$OUT/verifier_rl_burst.json"
+      --steps 3 --budget-s "${BURST_BUDGET_S:-90}" ${BURST_ARGS:-} --json "$OUT/verifier_rl_burst.json"
+    if [ -n "${FRONT_ENDS_S:-}" ]; then  # warm front ends: fork servers against nvcc's own runs
+      stage front_ends "$FRONT_ENDS_S" python3 benchmarks/verifier_warm_front_ends.py --data "$DATA" \
+        --count 32 --jobs "$(nproc)" --rounds 1 --split
+    fi
+    # shellcheck disable=SC2086
     stage throughput "${THROUGHPUT_S:-170}" python3 benchmarks/verifier_throughput.py \
-      --data "$DATA" --candidates 70 --latency-candidates 4 --skip-naive --json "$OUT/throughput.json"
+      --data "$DATA" --candidates 70 --latency-candidates 4 --skip-naive ${THROUGHPUT_ARGS:-} \
+      --json "$OUT/throughput.json"
     echo
     echo "================ issue 26 on $(tail -1 "$OUT/gpu.txt") at $(cat "$OUT/commit.txt") ================"
     cat "$OUT/stages.txt"
     tail -5 "$OUT/tests.log"
     echo "--- verifier_rl_burst.py"
     grep -E "^(step|  outcomes|==|server|compiler|targets)" "$OUT/rl_burst.log"
+    [ -f "$OUT/front_ends.log" ] && { echo "--- verifier_warm_front_ends.py"; tail -12 "$OUT/front_ends.log"; }
     echo "--- verifier_throughput.py --candidates 70"
     sed -n '/^== service ==/,$p' "$OUT/throughput.log" | head -20
     ;;
@@ -52,15 +69,17 @@ case "$PART" in
     export DICE_INFILLING_JSON="$DATA" DICE_REPORT_DIR="$OUT"
     stage verifier_gpu "${DICE_S:-200}" \
       python3 -m pytest -q -m gpu -p no:cacheprovider -rs tests/verifier/test_verifier_gpu.py
-    stage run_stage "${RUN_STAGE_S:-130}" python3 benchmarks/verifier_run_stage.py --jobs 64 \
-      --slots-per-gpu 4 --rounds 2 --variant old:standby_processes=false \
-      --json "$OUT/run_stage.json"
+    if [ "${RUN_STAGE_S:-130}" != 0 ]; then
+      stage run_stage "${RUN_STAGE_S:-130}" python3 benchmarks/verifier_run_stage.py --jobs 64 \
+        --slots-per-gpu 4 --rounds 2 --variant old:standby_processes=false \
+        --json "$OUT/run_stage.json"
+    fi
     echo
     echo "================ issue 26 suites on $(tail -1 "$OUT/gpu.txt") at $(cat "$OUT/commit.txt") ================"
     cat "$OUT/stages.txt"
     for name in adversarial verifier_gpu; do echo "--- $name"; tail -4 "$OUT/$name.log"; done
     echo "--- verifier_run_stage.py"
-    grep -E "^(round|base|old)" "$OUT/run_stage.log"
+    [ -f "$OUT/run_stage.log" ] && grep -E "^(round|base|old)" "$OUT/run_stage.log"
     ;;
   *) echo "unknown part $PART (main or suites)"; exit 2 ;;
 esac

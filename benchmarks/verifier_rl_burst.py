@@ -13,9 +13,10 @@ within the group, reformatted, repeated from an earlier step). `--phase 2` sends
 Printed per step and overall, written to `--json` (default benchmarks/results/verifier_rl_burst.json):
 verdicts/s (completions per second of the step's wall time), the step's time to its last verdict
 (`cold_step_s`: the first step, on an empty cache; `step_p50_s`/`step_p90_s` over the later, warm
-steps), compiler CPU-s per compile (this process's reaped children: the compile processes),
-GPU-slot seconds per job (the workers' own account, `dice_verifier_worker_seconds`), the median of
-each stage, requests that reached the server, cache hits, outcomes per sample kind.
+steps), compiler CPU-s per compile (this process's reaped children: the compile processes; and
+the warm front ends' forked children), GPU-slot seconds per job (the workers' own account,
+`dice_verifier_worker_seconds`), the median of each stage, requests that reached the server, cache
+hits, outcomes per sample kind.
 
   python benchmarks/verifier_rl_burst.py --data PATH/kernel_infilling_evaluation.json   # GPU box
   python benchmarks/verifier_rl_burst.py --no-gpu --problems-per-step 2 --samples 3 --steps 2
@@ -114,7 +115,10 @@ class Served:
            "verdict_cache_hits": float(self.scheduler.verdict_cache_hits),
            "verdicts": float(self.scheduler.verdicts_total)}
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    out["children_cpu_s"] = usage.ru_utime + usage.ru_stime
+    # Children of the warm front ends' fork servers are reaped by those servers, not by this
+    # process: the compiler counts their CPU (wait4) itself.
+    warm = self.scheduler.compiler.front_end_stats().get("warm_cpu_s", 0.0)
+    out["children_cpu_s"] = usage.ru_utime + usage.ru_stime + warm
     return out
 
   def stop(self) -> None:
