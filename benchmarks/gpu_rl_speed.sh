@@ -13,12 +13,13 @@
 #       ahead vs forked per job, two rounds each)
 #
 # The DICE file does not travel with ../shared: copy ../shared/data/dice/ into .carry/dice
-# (git-ignored) and carry `.carry`. Stage limits can be changed with TESTS_S, BURST_S,
-# THROUGHPUT_S (first part; TESTS_S=0 skips the tests and RUN_STAGE_S=0 the run stage's benchmark, FRONT_ENDS_S=N adds verifier_warm_front_ends.py
-# --split on 32 DICE candidates) and ADVERSARIAL_S, DICE_S, RUN_STAGE_S (second part); BURST_ARGS and
-# THROUGHPUT_ARGS pass flags on (e.g. "--server-set compile_split=true", "--compile-split"), and
-# BURST_BUDGET_S the burst's --budget-s. Wheels in .whl/ (../shared/device/wheels.sh) are installed
-# first.
+# (git-ignored) and carry `.carry`; wheels in .whl/ (../shared/device/wheels.sh: the image lacks
+# grain, array-record, portpicker, pyseccomp, grpcio-health-checking, grpcio-reflection) are
+# installed first. Stage limits: TESTS_S, BURST_S, THROUGHPUT_S, FRONT_ENDS_S (first part) and
+# ADVERSARIAL_S, DICE_S, RUN_STAGE_S (second part); TESTS_S=0 and RUN_STAGE_S=0 skip those stages,
+# FRONT_ENDS_S=N adds verifier_warm_front_ends.py --split on 32 DICE candidates (its start-up took
+# 88 s on the H200). BURST_ARGS and THROUGHPUT_ARGS pass flags on (e.g. "--server-set
+# compile_split=true", "--compile-split"); BURST_BUDGET_S is the burst's --budget-s.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu_rl_speed}
