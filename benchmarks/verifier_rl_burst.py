@@ -15,8 +15,9 @@ verdicts/s (completions per second of the step's wall time), the step's time to 
 (`cold_step_s`: the first step, on an empty cache; `step_p50_s`/`step_p90_s` over the later, warm
 steps), compiler CPU-s per compile (this process's reaped children: the compile processes; and
 the warm front ends' forked children), GPU-slot seconds per job (the workers' own account,
-`dice_verifier_worker_seconds`), the median of each stage, requests that reached the server, cache
-hits, outcomes per sample kind.
+`dice_verifier_worker_seconds`) and the CPU-s of the GPU workers with the job processes they reaped
+per job, the server's and client's own CPU, the median of each stage, requests that reached the
+server, cache hits, outcomes per sample kind.
 
   python benchmarks/verifier_rl_burst.py --data PATH/kernel_infilling_evaluation.json   # GPU box
   python benchmarks/verifier_rl_burst.py --no-gpu --problems-per-step 2 --samples 3 --steps 2
@@ -119,6 +120,12 @@ class Served:
     # process: the compiler counts their CPU (wait4) itself.
     warm = self.scheduler.compiler.front_end_stats().get("warm_cpu_s", 0.0)
     out["children_cpu_s"] = usage.ru_utime + usage.ru_stime + warm
+    # The GPU workers and the job processes they forked and reaped (a standby pair still alive
+    # counts once it is reaped); this process: the server, the client and the benchmark.
+    slots = self.scheduler.pool.slots if self.scheduler.pool is not None else []
+    out["workers_cpu_s"] = sum(_cpu_with_reaped_s(slot.info.get("pid")) for slot in slots)
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    out["server_cpu_s"] = own.ru_utime + own.ru_stime
     return out
 
   def stop(self) -> None:
@@ -207,6 +214,9 @@ def run_step(conn: connect_lib.Connection, served: Served, samples: list[mix_lib
       "compile_cpu_s": delta["children_cpu_s"],
       "cpu_s_per_compile": delta["children_cpu_s"] / delta["compiles"] if delta["compiles"] else 0,
       "jobs": delta["jobs"], "gpu_s_per_job": delta["job_s"] / delta["jobs"] if delta["jobs"] else 0,
+      "workers_cpu_s": delta["workers_cpu_s"],
+      "cpu_s_per_job": delta["workers_cpu_s"] / delta["jobs"] if delta["jobs"] else 0,
+      "server_cpu_s": delta["server_cpu_s"],
       "machine_cpu_busy": (busy1[0] - cores_busy0[0]) / max(1, busy1[1] - cores_busy0[1]),
       "stage_median_s": {
           "compile": _median([_stage(v, pb.STAGE_COMPILE) for v in fresh]),
@@ -216,6 +226,15 @@ def run_step(conn: connect_lib.Connection, served: Served, samples: list[mix_lib
       "verdict_total_p90_s": _quantile([v.total_s for v in fresh], 0.9),
       "outcomes": dict(outcomes), "outcomes_by_kind": {k: dict(c) for k, c in by_kind.items()},
       "builds": builds_lib.summarise(served.builds[first_build:])}
+
+
+def _cpu_with_reaped_s(pid: int | None) -> float:
+  """User+system CPU seconds of `pid` and of the children it has reaped; 0 when it is gone."""
+  try:
+    fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return sum(int(f) for f in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+  except (OSError, ValueError, IndexError):
+    return 0.0
 
 
 def _busy_jiffies() -> tuple[int, int]:
@@ -235,6 +254,9 @@ def _print_step(index: int, step: dict) -> None:
         f"at {step['cpu_s_per_compile']:.1f} CPU-s each; {step['jobs']:.0f} GPU jobs at "
         f"{step['gpu_s_per_job']:.2f} s each; stage medians (s): {stages}; machine CPU "
         f"{100 * step['machine_cpu_busy']:.0f}%", flush=True)
+  print(f"  CPU-s: compilers {step['compile_cpu_s']:.0f}, GPU workers and their jobs "
+        f"{step['workers_cpu_s']:.0f} ({step['cpu_s_per_job']:.2f} per job), server and client "
+        f"{step['server_cpu_s']:.0f}", flush=True)
   print(f"  outcomes {step['outcomes']}; by kind: " + "; ".join(
       f"{k} {v}" for k, v in sorted(step["outcomes_by_kind"].items())), flush=True)
   print(builds_lib.line(step["builds"]), flush=True)
@@ -257,6 +279,7 @@ def summarise(steps: list[dict], startup_s: float, args: argparse.Namespace, har
       "cpu_s_per_compile": total("compile_cpu_s") / max(1, total("compiles")),
       "gpu_s_per_job": (sum(s["gpu_s_per_job"] * s["jobs"] for s in steps) / total("jobs")
                         if total("jobs") else 0.0),
+      "cpu_s_per_job": total("workers_cpu_s") / total("jobs") if total("jobs") else 0.0,
       "outcomes": dict(sum((collections.Counter(s["outcomes"]) for s in steps),
                            collections.Counter())),
       "settings": {k: v for k, v in vars(args).items() if k != "json"}, "steps": steps}
@@ -269,7 +292,8 @@ def summarise(steps: list[dict], startup_s: float, args: argparse.Namespace, har
         f"steps: p50 {report['step_p50_s']:.1f} s, p90 {report['step_p90_s']:.1f} s, "
         f"{report['verdicts_per_s']:.2f} verdicts/s")
   print(f"compiler CPU {report['cpu_s_per_compile']:.1f} s per compile; GPU slot "
-        f"{report['gpu_s_per_job']:.2f} s per job; outcomes {report['outcomes']}")
+        f"{report['gpu_s_per_job']:.2f} s per job, its processes' CPU {report['cpu_s_per_job']:.2f} "
+        f"s; outcomes {report['outcomes']}")
   print(f"targets (one 16-core H200 box): >= 10 verdicts/s {met(report['verdicts_per_s'] >= 10)}; "
         f"step p50 <= 15 s {met(report['step_p50_s'] <= 15)}; cold step <= 45 s "
         f"{met(report['cold_step_s'] <= 45)}", flush=True)
