@@ -327,6 +327,9 @@ def main(argv: list[str] | None = None) -> None:
                       help="kernel launches cut: every candidate ends at the static checks")
   parser.add_argument("--server-set", action="append", default=[], metavar="FIELD=VALUE",
                       help="a ServerConfig field for the served verifier (repeatable)")
+  parser.add_argument("--max-in-flight", type=int, default=0,
+                      help="the client's requests outstanding per stream (0: `dice train`'s, "
+                           f"{verifier_defaults.TRAINING.max_in_flight_per_stream})")
   parser.add_argument("--json", default=str(RESULTS), help="where to write the figures")
   args = parser.parse_args(argv)
 
@@ -351,7 +354,8 @@ def main(argv: list[str] | None = None) -> None:
   hardware = f"{gpus or 'no GPU'}; {cpus} CPU cores ({platform.machine()})"
   print(f"served verifier ready after {startup:.1f} s ({hardware}); {len(pool)} problems in the "
         f"pool", flush=True)
-  conn = connect_lib.connect(f"127.0.0.1:{served.port}", use=verifier_defaults.TRAINING)
+  window = {"max_in_flight_per_stream": args.max_in_flight} if args.max_in_flight else {}
+  conn = connect_lib.connect(f"127.0.0.1:{served.port}", use=verifier_defaults.TRAINING, **window)
   rng, history, steps = random.Random(args.seed), {}, []
   began = time.monotonic()
   try:
