@@ -8,9 +8,10 @@
 #       8 samples a step, phase 1, cold cache, no step started after 90 s of steps: 2-3 steps);
 #       verifier_throughput.py --candidates 70 (cold cache, 4 one at a time, no naive path)
 #   bash benchmarks/gpu_rl_speed.sh DICE_JSON suites    # ~9 min: the GPU hostile suite
-#       (tests/adversarial/test_adversarial_gpu.py), tests/verifier/test_verifier_gpu.py (DICE's
-#       99 included), and verifier_run_stage.py (64 jobs of one kernel at 4 slots: pairs set up
-#       ahead vs forked per job, two rounds each)
+#       (tests/adversarial/test_adversarial_gpu.py, 100-108 s on 2026-12-04),
+#       tests/verifier/test_verifier_gpu.py (DICE's 99 included: 205 s plus a 53 s start-up; DICE
+#       3497 under four seeds), and verifier_run_stage.py (64 jobs of one kernel at 4 slots: pairs
+#       set up ahead vs forked per job, two rounds each) if time is left
 #
 # The DICE file does not travel with ../shared: copy ../shared/data/dice/ into .carry/dice
 # (git-ignored) and carry `.carry`; wheels in .whl/ (../shared/device/wheels.sh: the image lacks
@@ -65,10 +66,10 @@ case "$PART" in
     sed -n '/^== service ==/,$p' "$OUT/throughput.log" | head -20
     ;;
   suites)
-    stage adversarial "${ADVERSARIAL_S:-240}" python3 -m pytest -q -m gpu -p no:cacheprovider -rs \
+    stage adversarial "${ADVERSARIAL_S:-160}" python3 -m pytest -q -m gpu -p no:cacheprovider -rs \
       tests/adversarial/test_adversarial_gpu.py
     export DICE_INFILLING_JSON="$DATA" DICE_REPORT_DIR="$OUT"
-    stage verifier_gpu "${DICE_S:-200}" \
+    stage verifier_gpu "${DICE_S:-380}" \
       python3 -m pytest -q -m gpu -p no:cacheprovider -rs tests/verifier/test_verifier_gpu.py
     if [ "${RUN_STAGE_S:-130}" != 0 ]; then
       stage run_stage "${RUN_STAGE_S:-130}" python3 benchmarks/verifier_run_stage.py --jobs 64 \
