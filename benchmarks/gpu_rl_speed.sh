@@ -58,7 +58,7 @@ case "$PART" in
     echo
     echo "================ issue 26 on $(tail -1 "$OUT/gpu.txt") at $(cat "$OUT/commit.txt") ================"
     cat "$OUT/stages.txt"
-    tail -5 "$OUT/tests.log"
+    [ -f "$OUT/tests.log" ] && tail -5 "$OUT/tests.log"
     echo "--- verifier_rl_burst.py"
     grep -E "^(step|  outcomes|==|server|compiler|targets)" "$OUT/rl_burst.log"
     [ -f "$OUT/front_ends.log" ] && { echo "--- verifier_warm_front_ends.py"; tail -12 "$OUT/front_ends.log"; }
