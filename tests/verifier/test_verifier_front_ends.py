@@ -116,6 +116,19 @@ def test_an_input_with_another_prefix_or_a_dead_warm_process_runs_as_usual(toolc
   assert mismatch[2] == dead[2] == plain[2]
 
 
+def test_a_failed_check_says_what_differed():
+  describe = front_ends_lib.describe_difference
+  files = {"k.ptx": b"ptx", "k.module_id": b"id"}
+  assert describe((0, "warn"), (0, "warn"), files, dict(files)) == ""
+  assert describe((0, ""), None, files, {}) == "the warm run did not finish"
+  said = describe((0, "k.cu(3): warning"), (1, "k.cu(3): error"), files,
+                  {"k.ptx": b"other ptx", "extra.o": b""})
+  assert "return code 1 (usual 0)" in said
+  assert "first differing at 9: 'error' (usual 'warning')" in said
+  assert "output files ['extra.o', 'k.ptx'] (usual ['k.module_id', 'k.ptx'])" in said
+  assert "contents of k.ptx (9 bytes, usual 3)" in said
+
+
 def test_the_header_prefix_ends_where_the_main_file_resumes():
   text = (b'# 0 "cuda.cu"\n# 0 "<built-in>"\n# 0 "<command-line>"\n# 1 "cuda.cu"\n'
           b'# 1 "/x/dice_tier_lite.h" 1 3\nint header;\n# 2 "cuda.cu" 2\nint candidate;\n')

@@ -26,7 +26,9 @@ flushed and put first in its output. Diagnostics that reread source lines find t
 the input's path (the prefix while it is parsed, then, in a child's folder, the whole file).
 Checked, not assumed: a command's first warm run (the server's start-up probe, compiler.py) also
 runs the tool as usual and compares return codes, printed output and every output file byte for
-byte; any difference switches warm front ends off for that command.
+byte; any difference switches warm front ends off for that command, and the warning says what
+differed (`describe_difference`: on the H200 RL burst of 2026-12-04 17:20 UTC a cicc command was
+switched off so, and what differed was not logged then).
 tests/verifier/test_verifier_front_ends.py does the same with real nvcc, for a burst too.
 
 Decisions:
@@ -208,7 +210,9 @@ class FrontEnds:
         _copy_inputs(cwd, folder, inputs)
       plain, (result, _) = await asyncio.gather(
           self._run(nvcc_split.shell(env, [command]), cold), self._finish(warm, data, hot))
-      same = result == plain and _outputs(cold, inputs) == _outputs(hot, inputs)
+      difference = describe_difference(plain, result, _outputs(cold, inputs),
+                                       _outputs(hot, inputs))
+      same = not difference
       chosen = hot if same else cold
       for name in _outputs(chosen, inputs):
         (cwd / name).parent.mkdir(parents=True, exist_ok=True)
@@ -216,7 +220,7 @@ class FrontEnds:
     if same:
       self._checked.add(key)
     elif result is not None:  # a child that did not finish says nothing about the outputs
-      self._off[key] = "its first warm run's outputs differed from the usual run's"
+      self._off[key] = f"its first warm run's outputs differed from the usual run's: {difference}"
       log.warning("warm front ends off for a %s command: %s",
                   nvcc_split.front_end_tool(command), self._off[key])
     return plain
@@ -503,6 +507,31 @@ def _copy_inputs(src: pathlib.Path, dst: pathlib.Path, names: list[str]) -> None
 
 def _files(folder: pathlib.Path) -> set[str]:
   return {str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file()}
+
+
+def describe_difference(plain: tuple[int, str], warm: tuple[int, str] | None,
+                        plain_files: dict[str, bytes], warm_files: dict[str, bytes]) -> str:
+  """What differs between a tool's usual run and its warm run ("" when nothing does): return
+  codes, printed output (lengths and where it first differs) and output files (names, sizes)."""
+  if warm is None:
+    return "the warm run did not finish"
+  parts = []
+  if warm[0] != plain[0]:
+    parts.append(f"return code {warm[0]} (usual {plain[0]})")
+  if warm[1] != plain[1]:
+    at = next((i for i, (a, b) in enumerate(zip(plain[1], warm[1])) if a != b),
+              min(len(plain[1]), len(warm[1])))
+    parts.append(f"printed output of {len(warm[1])} characters (usual {len(plain[1])}), first "
+                 f"differing at {at}: {warm[1][at:at + 80]!r} (usual {plain[1][at:at + 80]!r})")
+  if set(warm_files) != set(plain_files):
+    parts.append(f"output files {sorted(warm_files)} (usual {sorted(plain_files)})")
+  changed = sorted(name for name in set(warm_files) & set(plain_files)
+                   if warm_files[name] != plain_files[name])
+  if changed:
+    parts.append("contents of " + ", ".join(
+        f"{name} ({len(warm_files[name])} bytes, usual {len(plain_files[name])})"
+        for name in changed))
+  return "; ".join(parts)
 
 
 def _outputs(folder: pathlib.Path, inputs: list[str]) -> dict[str, bytes]:
