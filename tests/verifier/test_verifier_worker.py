@@ -298,8 +298,8 @@ def test_out_of_memory_on_a_large_problem_runs_again_alone(cache_dir, toolchain)
   """A candidate process that runs out of device memory (here the allocator's error is raised by
   the candidate itself: the CPU has no allocator cap) on a problem whose inputs and outputs (960
   MiB) are a quarter of that process's memory share (3 GiB) or more is run once more, alone on
-  its device; the second verdict stands. On a small problem the same failure is the candidate's
-  RUNTIME_ERROR at once."""
+  its device; the second verdict stands, and the problem's later candidates run alone from their
+  first attempt. On a small problem the same failure is the candidate's RUNTIME_ERROR at once."""
   assert "1024, 1280" in _LARGE_REFERENCE
   candidate = kernels.cpp_candidate("scaled_add").replace(
       "        return ext.scaled_add(a, b, self.scale)",
@@ -308,20 +308,29 @@ def test_out_of_memory_on_a_large_problem_runs_again_alone(cache_dir, toolchain)
   srv = verifier_harness.ServerThread(verifier_harness.make_config(
       cache_dir, cpu_test_mode=True, slots_per_gpu=2, sandbox_memory_bytes=3 << 30), toolchain)
   try:
-    def run(reference: str, name: str) -> pb.Verdict:
+    def run(reference: str, name: str, seed: int = 0) -> pb.Verdict:
       return srv.stub().Verify(pb.VerifyRequest(
           request_id=f"oom-{name}-{time.monotonic_ns()}", reference_source=reference,
-          candidate_source=candidate, options=pb.VerifyOptions(skip_timing=True)), timeout=900)
+          candidate_source=candidate, options=pb.VerifyOptions(skip_timing=True, seed=seed)),
+          timeout=900)
+
+    def count(name: str) -> float | None:
+      return srv.scheduler.metrics.registry.get_sample_value(f"dice_verifier_{name}_total")
 
     large, small = run(_LARGE_REFERENCE, "large"), run(kernels.REFERENCE, "small")
-    retries = srv.scheduler.metrics.registry.get_sample_value("dice_verifier_memory_retries_total")
+    counts = [(count("memory_retries"), count("alone_at_once"))]
+    # Another request of the large problem (another seed: not the same program and options, so
+    # it runs) starts alone, and is not retried when it runs out there.
+    again = run(_LARGE_REFERENCE, "again", seed=7)
+    counts.append((count("memory_retries"), count("alone_at_once")))
   finally:
     srv.stop()
-  for verdict in (large, small):
+  for verdict in (large, small, again):
     assert verdict.outcome == pb.RUNTIME_ERROR and "OutOfMemoryError" in verdict.message, (
         verdict.message)
     assert pb.RESOURCE_EXHAUSTION in [e.kind for e in verdict.exploits]
-  assert (large.attempts, small.attempts, retries) == (2, 1, 1)
+  assert (large.attempts, small.attempts, again.attempts) == (2, 1, 1)
+  assert counts == [(1, 0), (1, 1)]
 
 
 def test_monkey_patching_torch_is_rejected(cpu_server):

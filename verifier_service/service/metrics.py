@@ -36,6 +36,10 @@ class Metrics:
         "dice_verifier_memory_retries", "Runs retried alone on their GPU because the candidate's "
         "process ran out of memory on a problem large for one slot's share.",
         registry=self.registry)
+    self.alone_at_once = prom.Counter(
+        "dice_verifier_alone_at_once", "Runs started alone on their GPU because an earlier "
+        "candidate of their problem ran out of memory at one slot's share.",
+        registry=self.registry)
     self.program_cache_hits = prom.Counter(
         "dice_verifier_program_cache_hits", "Requests answered with the verdict of the same "
         "program (comments and layout aside) for the same problem, given or in flight.",

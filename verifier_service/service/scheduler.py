@@ -7,7 +7,11 @@ INFRA_ERROR is retried once, alone on its GPU with every slot's share of its mem
 (pool.WorkerPool.run, exclusive); a candidate's failure never is, except the one that may be our
 share's: a candidate process that ran out of GPU memory on a problem large for a slot's share
 (trusted/verdict.short_of_memory) gets that one run alone too, when the GPU has several slots.
-The retry's verdict stands.
+The retry's verdict stands. Such a problem is remembered (`LARGE_PROBLEMS` of them, by reference
+text): its later candidates run alone from their first attempt, since at a slot's share the
+judge's own timed outputs would run out again (DICE 3497 on the H200, 2026-12-04: each of six
+runs, seeds 1-4, ran out at 2 slots, then took 93-94 s alone; an RL step sends G samples of a
+problem, and each first attempt held a slot for nothing).
 
 Admission is bounded: at most `queue_capacity` distinct requests are in flight (waiting for the
 compile pool, compiling, waiting for a slot, or running); beyond that `QueueFull` is raised and the
@@ -78,6 +82,11 @@ def _proto_json(value: Any) -> Any:
   return value
 
 
+# Problems (sha256 of the reference text) whose candidates ran short of memory at a slot's share;
+# their candidates run alone on their GPU from the first attempt. Least recently seen dropped.
+LARGE_PROBLEMS = 4096
+
+
 class Scheduler:
   """Runs requests through the stages; shared by the gRPC server and `dice-verifier check`."""
 
@@ -101,6 +110,7 @@ class Scheduler:
     self._programs: collections.OrderedDict[str, bytes] = collections.OrderedDict()
     self._by_program: singleflight.SingleFlight[pb.Verdict] = singleflight.SingleFlight()
     self.program_cache_hits = 0
+    self._large_problems: collections.OrderedDict[str, None] = collections.OrderedDict()
     self._warm_up: asyncio.Task | None = None
 
   @classmethod
@@ -289,18 +299,28 @@ class Scheduler:
         modules={ext.fingerprint: b.so_path for ext, b in zip(report.extensions, builds)},
         kernel_names=tuple(report.kernel_names),
         kernel_namespaces=tuple(b.namespace for b in builds if b.namespace))
+    alone = problem in self._large_problems and self.config.slots_per_gpu > 1
+    if alone:
+      self._large_problems.move_to_end(problem)
+      self.metrics.alone_at_once.inc()
     for attempt in (1, 2):
       verdict.attempts = attempt
       t = time.monotonic()
       # The retry runs alone on its GPU, with every slot's share of its memory: the failures
       # seen were a reference that needs more than one slot's share (DICE 3497, 6995 at 2-4
-      # slots per GPU), a candidate process out of memory on such a problem (3497 at 4 slots),
-      # and a GPU crowded by its neighbours.
-      result = await self.pool.run(job, options.run_timeout_s, exclusive=attempt == 2)
-      short = result.pop(verdict_lib.SHORT_OF_MEMORY, False) and self.config.slots_per_gpu > 1
+      # slots per GPU), a candidate process out of memory on such a problem (3497 at 2 and 4
+      # slots), and a GPU crowded by its neighbours.
+      result = await self.pool.run(job, options.run_timeout_s, exclusive=alone)
+      short = (result.pop(verdict_lib.SHORT_OF_MEMORY, False) and self.config.slots_per_gpu > 1
+               and not alone)
       if attempt == 2 or not (short or result.get("outcome") == enums.INFRA_ERROR):
         break
+      alone = True
       if short:
+        self._large_problems[problem] = None
+        self._large_problems.move_to_end(problem)
+        while len(self._large_problems) > LARGE_PROBLEMS:
+          self._large_problems.popitem(last=False)
         self.metrics.memory_retries.inc()
         log.warning("retrying %s alone on its GPU: the candidate's process ran out of memory on "
                     "a problem large for a slot's share: %s", request.request_id,
