@@ -9,9 +9,11 @@
 #       verifier_throughput.py --candidates 70 (cold cache, 4 one at a time, no naive path)
 #   bash benchmarks/gpu_rl_speed.sh DICE_JSON suites    # ~9 min: the GPU hostile suite
 #       (tests/adversarial/test_adversarial_gpu.py, 100-108 s on 2026-12-04),
-#       tests/verifier/test_verifier_gpu.py (DICE's 99 included: 205 s plus a 53 s start-up; DICE
-#       3497 under four seeds), and verifier_run_stage.py (64 jobs of one kernel at 4 slots: pairs
-#       set up ahead vs forked per job, two rounds each) if time is left
+#       tests/verifier/test_verifier_gpu.py but its DICE 3497 test (DICE's 99 included: 205 s plus
+#       a 53 s start-up), and verifier_run_stage.py (64 jobs of one kernel at 4 slots: pairs set
+#       up ahead vs forked per job, two rounds each) if time is left
+#   bash benchmarks/gpu_rl_speed.sh DICE_JSON memory    # ~6 min: the DICE 3497 test (4 GiB
+#       outputs, two seeds, each retried alone: 312 s on 2026-12-04)
 #
 # The DICE file does not travel with ../shared: copy ../shared/data/dice/ into .carry/dice
 # (git-ignored) and carry `.carry`; wheels in .whl/ (../shared/device/wheels.sh: the image lacks
@@ -69,8 +71,8 @@ case "$PART" in
     stage adversarial "${ADVERSARIAL_S:-160}" python3 -m pytest -q -m gpu -p no:cacheprovider -rs \
       tests/adversarial/test_adversarial_gpu.py
     export DICE_INFILLING_JSON="$DATA" DICE_REPORT_DIR="$OUT"
-    stage verifier_gpu "${DICE_S:-380}" \
-      python3 -m pytest -q -m gpu -p no:cacheprovider -rs tests/verifier/test_verifier_gpu.py
+    stage verifier_gpu "${DICE_S:-380}" python3 -m pytest -q -m gpu -p no:cacheprovider -rs \
+      tests/verifier/test_verifier_gpu.py -k "not 4_gib"
     if [ "${RUN_STAGE_S:-130}" != 0 ]; then
       stage run_stage "${RUN_STAGE_S:-130}" python3 benchmarks/verifier_run_stage.py --jobs 64 \
         --slots-per-gpu 4 --rounds 2 --variant old:standby_processes=false \
@@ -83,5 +85,13 @@ case "$PART" in
     echo "--- verifier_run_stage.py"
     [ -f "$OUT/run_stage.log" ] && grep -E "^(round|base|old)" "$OUT/run_stage.log"
     ;;
-  *) echo "unknown part $PART (main or suites)"; exit 2 ;;
+  memory)
+    export DICE_INFILLING_JSON="$DATA"
+    stage memory "${MEMORY_S:-420}" python3 -m pytest -q -s -m gpu -p no:cacheprovider -rs \
+      --durations=3 tests/verifier/test_verifier_gpu.py -k 4_gib
+    echo
+    cat "$OUT/stages.txt"
+    grep -E "DICE 3497|passed|failed" "$OUT/memory.log"
+    ;;
+  *) echo "unknown part $PART (main, suites or memory)"; exit 2 ;;
 esac
