@@ -40,7 +40,9 @@ it fast (each measured in `benchmarks/verifier_compile.py`):
    without torch's headers and its host code by g++ against a precompiled lite header, then
    linked. Sources the cut refuses (split_source.py) and halves that fail take the usual path,
    which decides the verdict. BuildResult.header_tier is "split" for those it built;
-   `split_note` says why another was not; `split_stats` counts both.
+   `split_note` says why another was not; `split_stats` counts both. With it, the device halves'
+   preprocessing passes run on the candidate's code after a snapshot of the headers' macros
+   (rest_preprocess.py; `split_preprocess`, on with the split).
 
 Each build's processes (start, wait, wall) are recorded in `BuildResult.steps` (procs.Trace).
 
@@ -81,6 +83,7 @@ from verifier_service.compile import objects as objects_lib
 from verifier_service.compile import options as options_lib
 from verifier_service.compile import pch as pch_lib
 from verifier_service.compile import procs as compile_procs
+from verifier_service.compile import rest_preprocess
 from verifier_service.compile import sources
 from verifier_service.compile import tier_environment
 from verifier_service.compile import toolchain as toolchain_lib
@@ -194,9 +197,13 @@ class Compiler:
     self._split_warm: asyncio.Future | None = None  # warm_up's split_ready, in the background
     # Objects built unconfined (their logs, anything an .incbin read) are never a confined
     # server's, nor the reverse.
+    self._rest = rest_preprocess.RestPreprocessor(
+        lambda argv, cwd: self._runner.run(argv, cwd, echo=False), device_split.DEVICE_INCLUDE
+    ) if options.split and options.split_preprocess else None
     self._objects = objects_lib.Objects(
         self.cache_dir, toolchain.fingerprint + ("" if confine else "-unconfined"), self._runner,
-        split_nvcc, host, self._bound.added, self._front_ends)
+        split_nvcc, host, self._bound.added, self._front_ends,
+        self._rest.run if self._rest is not None else None)
     self._envs = tier_environment.Store(
         self.cache_dir / "headers", self.cache_dir / "tmp", toolchain.fingerprint,
         lambda argv, cwd: self._runner.run(argv, cwd, shared=True), self._report,
@@ -321,8 +328,10 @@ class Compiler:
     return dict(self._batcher.stats) if self._batcher else {}
 
   def split_stats(self) -> dict[str, int]:
-    """cuda.cu builds in two halves (device_split.py): built, refused, failed, not ready."""
-    return dict(self._split.stats) if self._split else {}
+    """cuda.cu builds in two halves (device_split.py): built, refused, failed, not ready; and
+    their preprocessing passes run from a macro snapshot (rest_preprocess.py)."""
+    stats = dict(self._split.stats) if self._split else {}
+    return stats | (self._rest.stats() if self._rest is not None else {})
 
   async def split_ready(self) -> bool:
     """Waits until lite-tier builds of cuda.cu at both levels (sources with torch/extension.h,

@@ -121,16 +121,20 @@ def module_id_file(command: str) -> str:
 # (command, nvcc's environment, cwd) -> (return code, output) of the step, or None to run it here.
 FrontEndFn = Callable[[str, dict[str, str], pathlib.Path], Awaitable[Optional[tuple[int, str]]]]
 async def _chain(plan: Plan, commands: list[str], cwd: pathlib.Path, run: RunFn,
-                 front_end: FrontEndFn | None) -> tuple[int, str]:
-  """One chain's commands in order; its front-end step through `front_end` when it takes it."""
+                 front_end: FrontEndFn | None,
+                 preprocess: FrontEndFn | None = None) -> tuple[int, str]:
+  """One chain's commands in order; its front-end step through `front_end` and the
+  preprocessing step before it (when it is one command) through `preprocess`, when they take
+  them."""
   at = next((i for i, c in enumerate(commands) if front_end_tool(c)), None)
-  if front_end is None or at is None:
+  if (front_end is None and preprocess is None) or at is None:
     return await run(script(plan, commands), cwd)
   output = ""
-  for part, warm in ((commands[:at], False), ([commands[at]], True), (commands[at + 1:], False)):
+  for part, hook in ((commands[:at], preprocess if at == 1 else None), ([commands[at]], front_end),
+                     (commands[at + 1:], None)):
     if not part:
       continue
-    result = await front_end(part[0], plan.env, cwd) if warm else None
+    result = await hook(part[0], plan.env, cwd) if hook is not None else None
     rc, text = result if result is not None else await run(script(plan, part), cwd)
     output += text
     if rc != 0:
@@ -148,7 +152,8 @@ async def compile_split(argv: list[str], source_text: str, cwd: pathlib.Path, ru
                         module_id: str | None = None,
                         prepare_final: PrepareFn | None = None,
                         front_end: FrontEndFn | None = None,
-                        host_first: bool = False) -> tuple[int, str] | None:
+                        host_first: bool = False,
+                        preprocess: FrontEndFn | None = None) -> tuple[int, str] | None:
   """Runs `argv` (an `nvcc ... -c SRC -o OUT` command, run in `cwd`) as two concurrent chains and
   the host compile. Returns (return code, output) as nvcc would, or None to say "run nvcc
   instead". The module id defaults to one derived from the source.
@@ -156,7 +161,10 @@ async def compile_split(argv: list[str], source_text: str, cwd: pathlib.Path, ru
   `host_first`: the device chain starts only once the host chain has succeeded, as in nvcc, for a
   compile that is expected to fail (compiler.py: the retry of a source that failed at a lighter
   header tier): a host failure then costs no device front end. The result is the same either way:
-  a host failure is reported alone, and otherwise both chains' outputs in the same order."""
+  a host failure is reported alone, and otherwise both chains' outputs in the same order.
+
+  `preprocess`: a hook for each chain's preprocessing step, as `front_end` for the front ends
+  (rest_preprocess.py: the split's device halves)."""
   (cwd / "nvcc-steps").mkdir(exist_ok=True)  # relative: the steps run in `cwd`
   rc, text = await run(list(argv) + ["--dryrun", "--keep", "--keep-dir", "nvcc-steps"], cwd)
   plan = parse_dryrun(text) if rc == 0 else None
@@ -167,13 +175,13 @@ async def compile_split(argv: list[str], source_text: str, cwd: pathlib.Path, ru
     module_id = f"_{digest[:8]}_dice_{digest[8:24]}"
   (cwd / plan.module_id_file).write_text(module_id)
   if host_first:
-    host_result = await _chain(plan, plan.host, cwd, run, front_end)
+    host_result = await _chain(plan, plan.host, cwd, run, front_end, preprocess)
     if host_result[0] != 0:
       return host_result
-    device_result = await _chain(plan, plan.device, cwd, run, front_end)
+    device_result = await _chain(plan, plan.device, cwd, run, front_end, preprocess)
     return await _finish(plan, cwd, run, [host_result, device_result], prepare_final)
-  host = asyncio.ensure_future(_chain(plan, plan.host, cwd, run, front_end))
-  device = asyncio.ensure_future(_chain(plan, plan.device, cwd, run, front_end))
+  host = asyncio.ensure_future(_chain(plan, plan.host, cwd, run, front_end, preprocess))
+  device = asyncio.ensure_future(_chain(plan, plan.device, cwd, run, front_end, preprocess))
   try:
     done, _ = await asyncio.wait([host, device], return_when=asyncio.FIRST_COMPLETED)
     if host in done and host.result()[0] != 0:

@@ -55,7 +55,8 @@ class Objects:
                runner: compile_procs.ProcessRunner, split_nvcc: bool,
                host: host_pch.HostHeaders | None,
                on_publish: Callable[[pathlib.Path], None] = lambda folder: None,
-               front_ends: front_ends_lib.FrontEnds | None = None):
+               front_ends: front_ends_lib.FrontEnds | None = None,
+               preprocess: nvcc_split.FrontEndFn | None = None):
     self.cache_dir = cache_dir
     self._fingerprint = fingerprint
     self._runner = runner
@@ -63,6 +64,7 @@ class Objects:
     self._host = host
     self._on_publish = on_publish
     self._front_ends = front_ends
+    self._preprocess = preprocess  # the split's device halves (rest_preprocess.py)
     self._inflight: singleflight.SingleFlight[str] = singleflight.SingleFlight()
 
   async def compile(self, cmd: list[str], text: str, filename: str,
@@ -119,7 +121,8 @@ class Objects:
       try:
         result = await nvcc_split.compile_split(
             argv, text, work, lambda a, cwd: self._runner.run(a, cwd, echo=False),
-            module_id=module_id, prepare_final=prepare, front_end=warm, host_first=host_first)
+            module_id=module_id, prepare_final=prepare, front_end=warm, host_first=host_first,
+            preprocess=self._preprocess if module_id else None)
       except (compile_procs.LimitExceeded, confine_lib.ConfinementError):
         raise  # the source went over a bound (final), or we could not confine a step
       except Exception:  # pylint: disable=broad-except  (a speed-up: nvcc itself decides)

@@ -29,6 +29,8 @@ class CompilerOptions:
   warm_front_ends: bool = False  # front ends started ahead of time (front_ends.py)
   batch_members: int = batch_lib.MAX_MEMBERS  # cuda.cu sources per translation unit; 1: alone
   split: bool = False  # cuda.cu in two halves where the cut accepts it (device_split.py)
+  # with split: the device halves' preprocessing from a snapshot of their headers' macros
+  split_preprocess: bool = True  # (rest_preprocess.py)
   cache_max_bytes: int = compile_cache.DEFAULT_MAX_BYTES  # LRU-pruned beyond; 0: unbounded
   nice: int = 10  # compilers' niceness: a GPU job's timing is not disturbed by them
   limits: limits_lib.Limits = dataclasses.field(default_factory=limits_lib.Limits)

@@ -63,6 +63,9 @@ class ServerConfig:
   # and every half that fails, takes the usual path. Off by default: it paid on DICE-sized kernels
   # on an H200 box (BENCHMARKS.md), which is the only workload it has been measured on there.
   compile_split: bool = False
+  # With compile_split: the device halves' two preprocessing passes run on the candidate's code
+  # after a snapshot of their headers' macros, checked against the usual pass (rest_preprocess.py).
+  compile_split_preprocess: bool = True
   # nvcc's front ends started ahead of time on the shared headers (compile/front_ends.py), for
   # a lone compile's latency; only on a server with GPUs, never in cpu_test_mode.
   warm_front_ends: bool = True
@@ -125,6 +128,7 @@ class ServerConfig:
         max_jobs=self.compile_workers, max_log_bytes=self.max_log_bytes, use_pch=self.use_pch,
         light_headers=self.light_headers, cache_max_bytes=self.cache_max_bytes,
         batch_members=self.batch_members, split=self.compile_split,
+        split_preprocess=self.compile_split_preprocess,
         warm_front_ends=(self.warm_front_ends and gpus and not self.cpu_test_mode
                          and self.light_headers),
         limits=self.compile_limits, confine=self.compile_confine)
