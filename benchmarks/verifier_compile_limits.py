@@ -47,7 +47,8 @@ class TreeSampler:
   they have bounds of their own (Limits.shared) and are measured separately; so are children
   already alive when sampling starts (a test session's long-lived servers): not the work measured.
 
-  peak_tree_bytes: the largest sum of RSS over one tree at one sample; peak_process_bytes: the
+  peak_tree_bytes: the largest sum of RSS over one tree at one sample (peak_tree: its processes'
+  command lines and RSS then; forked processes' shared pages count in each); peak_process_bytes: the
   largest RSS of one process; peak_data_bytes: the largest data segment of one process (virtual:
   heap and private mappings, what RLIMIT_DATA counts); max_process_cpu_s: the most CPU one process had used when last
   seen; peak_tasks: the most threads alive in one tree; processes: distinct pids seen. Sampled:
@@ -57,6 +58,7 @@ class TreeSampler:
     self.interval_s = interval_s
     self.skip = skip
     self.peak_tree_bytes = 0
+    self.peak_tree: list[tuple[str, int]] = []
     self.peak_process_bytes = 0
     self.peak_data_bytes = 0
     self.max_process_cpu_s = 0.0
@@ -86,6 +88,7 @@ class TreeSampler:
         except psutil.Error:
           continue
         rss = tasks = 0
+        seen = []
         for proc in tree:
           try:
             with proc.oneshot():
@@ -93,6 +96,7 @@ class TreeSampler:
               one = memory.rss
               times = proc.cpu_times()
               tasks += proc.num_threads()
+              seen.append((" ".join(proc.cmdline())[:160], one))
           except psutil.Error:
             continue
           rss += one
@@ -100,7 +104,8 @@ class TreeSampler:
           self.peak_process_bytes = max(self.peak_process_bytes, one)
           self.peak_data_bytes = max(self.peak_data_bytes, memory.data)
           self.max_process_cpu_s = max(self.max_process_cpu_s, times.user + times.system)
-        self.peak_tree_bytes = max(self.peak_tree_bytes, rss)
+        if rss > self.peak_tree_bytes:
+          self.peak_tree_bytes, self.peak_tree = rss, seen
         self.peak_tasks = max(self.peak_tasks, tasks)
       self._stop.wait(self.interval_s)
 

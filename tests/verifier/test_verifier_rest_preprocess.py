@@ -52,6 +52,9 @@ REFUSED = {
     "line": "#line 40 \"other.cu\"\n__global__ void k(float* x) { x[0] = __LINE__; }\n",
     "push_macro": "#pragma push_macro(\"M_PI\")\n#undef M_PI\n#pragma pop_macro(\"M_PI\")\n"
                   "__global__ void k(double* x) { x[0] = M_PI; }\n",
+    # a candidate that would read a host file through the preprocessor: never in its own pass
+    # (the usual pass runs, confined as every compiler process is)
+    "host_file": "#include \"/etc/hostname\"\n__global__ void k(float* x) { x[0] = 1.f; }\n",
     "has_include": "#if __has_include(<vector>)\n__global__ void k(float* x) { x[0] = 1.f; }\n"
                    "#endif\n",
 }
