@@ -33,6 +33,9 @@ tests/verifier/test_verifier_rest_preprocess.py compares the two ways' outputs a
 real nvcc on sources written to tell them apart; tests/verifier/test_verifier_split.py builds
 DICE's items with it (the lite builds' SASS).
 
+Every pass (the usual one, the snapshot's, a half's own) runs through the compile stage's process
+runner, confined and bounded as every compiler process is (confine.py, limits.py).
+
 Refused (the usual pass runs): a command that is not a plain `gcc -E` of one input (shell
 variables, relative include folders, an input in another folder); a half whose code names what a
 snapshot of macros does not carry (any other include, `#line`, __COUNTER__, __BASE_FILE__,
