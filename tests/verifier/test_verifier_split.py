@@ -225,9 +225,10 @@ def test_device_halves_are_preprocessed_from_a_snapshot_of_their_headers_macros(
   """rest_preprocess.py: the first device half of each command (host and device pass, per header
   level) is preprocessed both ways and compared byte for byte; the later ones from the snapshot.
   The builds above then have the lite builds' kernels and answers."""
-  _, stats = built
+  results, stats = built
   assert stats["rest_off"] == 0 and stats["rest_checked"] >= 2, stats
-  assert stats["rest_preprocessed"] >= 2, stats
+  if any(name.startswith("dice_") for name in results):  # more halves than the bundled sources'
+    assert stats["rest_preprocessed"] >= 2, stats
 
 
 def test_a_refused_source_builds_by_the_usual_path(built):
