@@ -99,6 +99,11 @@ class _Step:
   def input_name(self) -> str:
     return self.argv[self.source]
 
+  @property
+  def return_marker(self) -> bytes:
+    """The line gcc prints where the main file resumes after its first line's include."""
+    return f'# 2 "{self.input_name}" 2\n'.encode()
+
   def with_files(self, source: str, output: str, drop_includes: bool = False,
                  extra: tuple[str, ...] = ()) -> list[str]:
     """The argv on another input and output, `extra` before the input; without `-include`s."""
@@ -323,7 +328,7 @@ class RestPreprocessor:
       if self._tries[key] >= _TRIES:
         self._switch_off(key, f"the first {_TRIES} halves' usual passes failed or printed")
       return result
-    return_marker = f'# 2 "{step.input_name}" 2\n'.encode()
+    return_marker = step.return_marker
     at = usual.find(return_marker)
     if at < 0:
       self._switch_off(key, "the usual output has no return to the main file after the include")
@@ -397,7 +402,7 @@ class RestPreprocessor:
       return None
     finally:
       shutil.rmtree(folder, ignore_errors=True)
-    return_marker = f'# 2 "{step.input_name}" 2\n'.encode()
+    return_marker = step.return_marker
     at = rest.find(return_marker)
     if at < 0:
       return None
