@@ -52,7 +52,13 @@ class TreeSampler:
   largest RSS of one process; peak_data_bytes: the largest data segment of one process (virtual:
   heap and private mappings, what RLIMIT_DATA counts); max_process_cpu_s: the most CPU one process had used when last
   seen; peak_tasks: the most threads alive in one tree; processes: distinct pids seen. Sampled:
-  a process shorter than the interval can be missed."""
+  a process shorter than the interval can be missed.
+
+  A child of this process seen between its fork and its exec is left out of that sample: until the
+  exec it shares this process's pages (Python's vfork: the same memory; a fork: the same pages,
+  copied on write), so its RSS reads as this process's (a test session's pytest process: 6.0 GB in
+  CI, sampled as a compiler tree against a 2 GiB bound). Its command line, read before its memory,
+  is still this process's then; the exec replaces both at once."""
 
   def __init__(self, interval_s: float = 0.01, skip: str | None = None):
     self.interval_s = interval_s
@@ -79,10 +85,14 @@ class TreeSampler:
 
   def _run(self) -> None:
     me = psutil.Process()
+    mine = me.cmdline()
     while not self._stop.is_set():
       for root in me.children(recursive=False):
         try:
-          if _identity(root) in self._before or (self.skip and self.skip in root.cmdline()):
+          if _identity(root) in self._before:
+            continue
+          command = root.cmdline()  # before its memory: see the class's note on vfork
+          if command == mine or (self.skip and self.skip in command):
             continue
           tree = [root] + root.children(recursive=True)
         except psutil.Error:

@@ -199,6 +199,23 @@ def test_stream_answers_every_request_by_id(server):
   assert verdicts["s-broken"].outcome == pb.COMPILE_ERROR
 
 
+def test_stream_answers_a_request_whose_verify_fails_with_infra_error(server, monkeypatch):
+  """A fault of ours in one request's verification (here injected into the scheduler) gives that
+  request an INFRA_ERROR verdict on the stream; the others are answered as usual."""
+  verify = server.scheduler.verify
+
+  async def faulty(req):
+    if req.request_id == "s-fault":
+      raise SystemError("injected")
+    return await verify(req)
+  monkeypatch.setattr(server.scheduler, "verify", faulty)
+  requests = [request("s-fault"), request("s-fine", "import torch\n")]
+  verdicts = {v.request_id: v for v in server.stub().VerifyStream(iter(requests), timeout=120)}
+  assert verdicts["s-fault"].outcome == pb.INFRA_ERROR
+  assert verdicts["s-fault"].message == "verifier error: SystemError: injected"
+  assert verdicts["s-fine"].outcome == pb.REJECTED
+
+
 def test_stream_with_undecodable_message_is_invalid_argument(server):
   raw = server.channel().stream_stream("/dice.verifier.v1.Verifier/VerifyStream",
                                        request_serializer=lambda b: b,

@@ -200,3 +200,16 @@ def test_a_server_answers_the_same_program_without_compiling_it_again(program_se
         timeout=900), ["together-a", "together-b"]))
   assert sorted(len(v.stage_timings) > 0 for v in both) == [False, True]
   assert {v.outcome for v in both} == {pb.NO_GPU} and scheduler.program_cache_hits == hits + 2
+
+
+def test_a_fault_in_the_key_costs_the_request_only_the_cache(program_server, monkeypatch):
+  """The key only saves work: when computing it fails (CPython 3.11's parser raised SystemError
+  under threads in CI), the request is verified as it is, not lost."""
+  def broken(*args):
+    raise SystemError("AST constructor recursion depth mismatch (injected)")
+  monkeypatch.setattr(text_key, "candidate_key", broken)
+  hits = program_server.scheduler.program_cache_hits
+  verdict = program_server.stub().Verify(_request("key-fault", kernels.cuda_candidate()),
+                                         timeout=900)
+  assert (verdict.request_id, verdict.outcome) == ("key-fault", pb.NO_GPU), verdict.message
+  assert verdict.stage_timings and program_server.scheduler.program_cache_hits == hits

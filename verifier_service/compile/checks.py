@@ -67,8 +67,9 @@ def parse_python(source: str, filename: str = "<unknown>") -> ast.Module:
   3.11's AST constructor keeps one depth counter per interpreter: a parse in another thread, or
   one run by a finalizer during a collection, shifts it under a parse in progress, which then
   fails with "SystemError: AST constructor recursion depth mismatch" (python/cpython#106905).
-  Seen once in CI (in a layout test's parse); which of the two it was there is not
-  known, so both are excluded."""
+  Seen in CI in a layout test's parse and (2026-12-04) in the program key's parse on a test
+  server's thread, beside another server's in the same process; which of the two causes it was
+  is not known, so both are excluded. Every parse of the service goes through here."""
   with _PARSE_LOCK:
     enabled = gc.isenabled()
     gc.disable()

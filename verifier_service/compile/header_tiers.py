@@ -62,6 +62,8 @@ import os
 import pathlib
 import re
 
+from verifier_service.compile import checks
+
 LITE, TYPES, ORIGINAL = "lite", "types", "original"
 BINDING = "binding"  # the level of load_inline's main.cpp (tier_environment.py)
 CUDA_LEVELS = ("extension", "types")  # original_level's answers: which torch headers cuda.cu has
@@ -254,7 +256,7 @@ def lite_factories(lite_text: str) -> tuple[str, ...]:
 
 def content_version(lite_text: str, rule_sources: list[str]) -> str:
   """A digest of the lite header, its factory ops and the rules' code (syntax trees only)."""
-  trees = [ast.dump(ast.parse(source)) for source in rule_sources]
+  trees = [ast.dump(checks.parse_python(source)) for source in rule_sources]
   blob = json.dumps([lite_factories(lite_text), lite_text, trees])
   return hashlib.sha256(blob.encode()).hexdigest()[:16]
 

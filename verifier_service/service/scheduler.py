@@ -189,10 +189,7 @@ class Scheduler:
   async def _same_program(self, request: pb.VerifyRequest, digest: str) -> pb.Verdict:
     """The verdict of the program `request` holds: given before, joined in flight, or run now."""
     start = time.monotonic()
-    key = text_key.candidate_key(
-        request.reference_source, request.candidate_source,
-        request.options.SerializeToString(deterministic=True)) if (
-            self.config.program_cache_size > 0) else None
+    key = self._program_key(request) if self.config.program_cache_size > 0 else None
     if key is None:
       return await self._pipeline(request)
     blob = self._programs.get(key)
@@ -216,6 +213,18 @@ class Scheduler:
     answer.total_s = time.monotonic() - start
     self._remember(answer, digest)
     return answer
+
+  @staticmethod
+  def _program_key(request: pb.VerifyRequest) -> str | None:
+    """The program cache's key, or None: the request then runs as it is. The key only saves
+    work, so a fault in computing it costs the request nothing but the cache (logged)."""
+    try:
+      return text_key.candidate_key(request.reference_source, request.candidate_source,
+                                    request.options.SerializeToString(deterministic=True))
+    except Exception:  # pylint: disable=broad-except
+      log.exception("program key failed for %s; verified without the program cache",
+                    request.request_id)
+      return None
 
   def _remember(self, verdict: pb.Verdict, digest: str) -> None:
     if verdict.outcome == pb.INFRA_ERROR:

@@ -111,6 +111,12 @@ class VerifierService:
       except scheduler_lib.QueueFull as e:
         verdict = pb.Verdict(request_id=request.request_id, outcome=pb.INFRA_ERROR,
                              stage=pb.STAGE_QUEUE, message=f"queue full: {e}; retry later")
+      except Exception as e:  # pylint: disable=broad-except
+        # Ours: the stream still answers this request (a task's exception alone would leave the
+        # client waiting on it until its deadline).
+        log.exception("verify failed for %s", request.request_id)
+        verdict = pb.Verdict(request_id=request.request_id, outcome=pb.INFRA_ERROR,
+                             message=f"verifier error: {type(e).__name__}: {e}")
       await out.put(verdict)
 
     async def read() -> None:

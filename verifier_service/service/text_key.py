@@ -36,6 +36,8 @@ import hashlib
 import re
 import typing
 
+from verifier_service.compile import checks
+
 _SOURCE_ARGS = {"cpp_sources": 1, "cuda_sources": 2}  # keyword -> position in load_inline
 _LITERAL_MAX = 16  # a char literal longer than this is not one we understand
 _HORIZONTAL = " \t\f\v"
@@ -250,7 +252,7 @@ def _source_groups(tree: ast.Module) -> list[list[ast.Constant]]:
 def candidate_key(reference: str, candidate: str, options: bytes) -> str | None:
   """The text cache's key for a request (None: the candidate does not parse)."""
   try:
-    tree = ast.parse(candidate)
+    tree = checks.parse_python(candidate)
   except (SyntaxError, ValueError, MemoryError, RecursionError):
     return None
   for group in _source_groups(tree):
