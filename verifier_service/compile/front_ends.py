@@ -519,8 +519,7 @@ def describe_difference(plain: tuple[int, str], warm: tuple[int, str] | None,
   if warm[0] != plain[0]:
     parts.append(f"return code {warm[0]} (usual {plain[0]})")
   if warm[1] != plain[1]:
-    at = next((i for i, (a, b) in enumerate(zip(plain[1], warm[1])) if a != b),
-              min(len(plain[1]), len(warm[1])))
+    at = len(os.path.commonprefix([plain[1], warm[1]]))
     parts.append(f"printed output of {len(warm[1])} characters (usual {len(plain[1])}), first "
                  f"differing at {at}: {warm[1][at:at + 80]!r} (usual {plain[1][at:at + 80]!r})")
   if set(warm_files) != set(plain_files):

@@ -50,6 +50,7 @@ import asyncio
 import dataclasses
 import hashlib
 import logging
+import os
 import pathlib
 import re
 import shlex
@@ -205,7 +206,7 @@ def describe(usual: bytes, fast: bytes) -> str:
   """Where a half's two outputs differ ("" if they do not)."""
   if usual == fast:
     return ""
-  at = next((i for i, (a, b) in enumerate(zip(usual, fast)) if a != b), min(len(usual), len(fast)))
+  at = len(os.path.commonprefix([usual, fast]))
   return (f"{len(fast)} bytes against {len(usual)}, first differing at {at}: "
           f"{fast[at:at + 60]!r} (usual {usual[at:at + 60]!r})")
 
