@@ -67,7 +67,8 @@ class VerifierServicer:
         """Many candidates on one stream. Verdicts come back as they finish, in any order; match them
         by request_id. A request that cannot be queued (queue full) comes back at once as a Verdict
         with outcome INFRA_ERROR and stage STAGE_QUEUE rather than growing server memory; a client
-        should retry it later.
+        should retry it later. A request whose verification failed inside the server comes back as
+        INFRA_ERROR with a message starting "verifier error:"; the stream goes on.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
