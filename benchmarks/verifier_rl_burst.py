@@ -16,7 +16,8 @@ verdicts/s (completions per second of the step's wall time), the step's time to 
 steps), compiler CPU-s per compile (this process's reaped children: the compile processes; and
 the warm front ends' forked children), GPU-slot seconds per job (the workers' own account,
 `dice_verifier_worker_seconds`) and the CPU-s of the GPU workers with the job processes they reaped
-per job, the server's and client's own CPU, the median of each stage, requests that reached the
+per job (and per reaped job by process: judge, candidate, and the judge's CPU until its report and
+after it, `dice_verifier_job_cpu_seconds`), the server's and client's own CPU, the median of each stage, requests that reached the
 server, cache hits, outcomes per sample kind.
 
   python benchmarks/verifier_rl_burst.py --data PATH/kernel_infilling_evaluation.json   # GPU box
@@ -63,6 +64,8 @@ from verifier_service.service import server as server_lib  # noqa: E402
 
 RESULTS = pathlib.Path(__file__).resolve().parent / "results" / "verifier_rl_burst.json"
 _RUN_STAGES = (pb.STAGE_LOAD, pb.STAGE_CORRECTNESS, pb.STAGE_TIMING)
+# dice_verifier_job_cpu_seconds's parts (worker/pair.Pair.cpu_report)
+JOB_CPU_PARTS = ("judge", "candidate", "judge_until_report", "judge_after_report")
 
 
 class Served:
@@ -115,6 +118,12 @@ class Served:
            "job_s": metrics("dice_verifier_worker_seconds_sum", {"part": "slot"}) or 0.0,
            "verdict_cache_hits": float(self.scheduler.verdict_cache_hits),
            "verdicts": float(self.scheduler.verdicts_total)}
+    # The job processes' own CPU, by part, as their workers reaped them (a slot's last job's
+    # arrives with its next job: a step's figures lag by up to one job per slot).
+    for part in JOB_CPU_PARTS:
+      out[f"job_cpu_{part}_s"] = metrics("dice_verifier_job_cpu_seconds_sum", {"part": part}) or 0.0
+      out[f"job_cpu_{part}_n"] = metrics("dice_verifier_job_cpu_seconds_count",
+                                         {"part": part}) or 0.0
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     # Children of the warm front ends' fork servers are reaped by those servers, not by this
     # process: the compiler counts their CPU (wait4) itself.
@@ -217,6 +226,8 @@ def run_step(conn: connect_lib.Connection, served: Served, samples: list[mix_lib
       "workers_cpu_s": delta["workers_cpu_s"],
       "cpu_s_per_job": delta["workers_cpu_s"] / delta["jobs"] if delta["jobs"] else 0,
       "server_cpu_s": delta["server_cpu_s"],
+      "job_cpu_s_per_job": {part: delta[f"job_cpu_{part}_s"] / delta[f"job_cpu_{part}_n"]
+                            for part in JOB_CPU_PARTS if delta[f"job_cpu_{part}_n"]},
       "machine_cpu_busy": (busy1[0] - cores_busy0[0]) / max(1, busy1[1] - cores_busy0[1]),
       "stage_median_s": {
           "compile": _median([_stage(v, pb.STAGE_COMPILE) for v in fresh]),
@@ -255,8 +266,9 @@ def _print_step(index: int, step: dict) -> None:
         f"{step['gpu_s_per_job']:.2f} s each; stage medians (s): {stages}; machine CPU "
         f"{100 * step['machine_cpu_busy']:.0f}%", flush=True)
   print(f"  CPU-s: compilers {step['compile_cpu_s']:.0f}, GPU workers and their jobs "
-        f"{step['workers_cpu_s']:.0f} ({step['cpu_s_per_job']:.2f} per job), server and client "
-        f"{step['server_cpu_s']:.0f}", flush=True)
+        f"{step['workers_cpu_s']:.0f} ({step['cpu_s_per_job']:.2f} per job; per reaped job "
+        + ", ".join(f"{k} {v:.2f}" for k, v in step["job_cpu_s_per_job"].items())
+        + f"), server and client {step['server_cpu_s']:.0f}", flush=True)
   print(f"  outcomes {step['outcomes']}; by kind: " + "; ".join(
       f"{k} {v}" for k, v in sorted(step["outcomes_by_kind"].items())), flush=True)
   print(builds_lib.line(step["builds"]), flush=True)

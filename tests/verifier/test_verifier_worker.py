@@ -210,6 +210,33 @@ def test_the_next_jobs_processes_wait_ready_and_a_finished_jobs_are_gone(cpu_ser
   assert [before[n] == after[n] for n in before].count(True) == len(slots) - 1
 
 
+def _job_cpu(srv) -> dict[str, tuple[float, float]]:
+  """(sum, count) per part of the dice_verifier_job_cpu_seconds histogram."""
+  registry = srv.scheduler.metrics.registry
+  return {p: (registry.get_sample_value("dice_verifier_job_cpu_seconds_sum", {"part": p}) or 0.0,
+              registry.get_sample_value("dice_verifier_job_cpu_seconds_count", {"part": p}) or 0.0)
+          for p in ("judge", "candidate", "judge_until_report", "judge_after_report")}
+
+
+def test_a_finished_jobs_processes_report_their_cpu(cpu_server):
+  """Each job's two processes, once reaped, give their CPU from fork to exit (wait4) to the
+  server's metrics, the judge's split at its report; a slot's report arrives with its next job,
+  so jobs run until one has come (two slots: the third job at the latest)."""
+  before = _job_cpu(cpu_server)
+  for _ in range(4):
+    assert verify(cpu_server, "scaled_add").outcome == pb.OK
+    after = _job_cpu(cpu_server)
+    if after["judge"][1] > before["judge"][1]:
+      break
+  got = {p: (after[p][0] - before[p][0], after[p][1] - before[p][1]) for p in after}
+  jobs = got["judge"][1]
+  assert jobs >= 1 and all(count == jobs for _, count in got.values()), got
+  # Each process imported nothing (forked from the worker, torch loaded) but ran a job: > 0.
+  assert got["judge"][0] > 0 and got["candidate"][0] > 0, got
+  assert got["judge_until_report"][0] + got["judge_after_report"][0] == pytest.approx(
+      got["judge"][0], abs=1e-3 * jobs)
+
+
 def _kill_workers(pool) -> None:
   for slot in pool.slots:
     try:

@@ -190,6 +190,7 @@ class JudgeReport(_Typed):
   timing: dict[str, float | Stats] | None = None
   timing_parts: dict[str, float] = dataclasses.field(default_factory=dict)
   memory: Memory | None = None
+  cpu_s: float = 0.0  # the judge's process's CPU (user + system, every thread) at this report
 
 
 @dataclasses.dataclass(frozen=True)

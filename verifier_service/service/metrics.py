@@ -44,6 +44,12 @@ class Metrics:
         "dice_verifier_program_cache_hits", "Requests answered with the verdict of the same "
         "program (comments and layout aside) for the same problem, given or in flight.",
         registry=self.registry)
+    self.job_cpu_seconds = prom.Histogram(
+        "dice_verifier_job_cpu_seconds",
+        "CPU seconds of a GPU job's processes from fork to exit, by part: judge, candidate (the "
+        "kernel's count at their exits), judge_until_report and judge_after_report (the judge's "
+        "split at its report: its run, then its exit).", ["part"],
+        buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 40), registry=self.registry)
     self.queue_depth = prom.Gauge("dice_verifier_queue_depth", "Requests waiting or running.",
                                   registry=self.registry)
     self.running = prom.Gauge("dice_verifier_running", "Jobs on GPU workers now.",

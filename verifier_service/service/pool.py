@@ -67,6 +67,9 @@ class WorkerSlot:
     self.jobs_run = 0
     self.restarts = 0
     self.running: str | None = None  # the job id whose processes have started, until it ends
+    # Called with each "reaped" message (a finished job's processes' CPU, worker/process.py): the
+    # worker sends it when they exit, often after the job's "done"; it is read with the next job.
+    self.on_reaped: Callable[[dict[str, Any]], None] | None = None
 
   async def start(self) -> None:
     self._proc = await asyncio.create_subprocess_exec(
@@ -139,6 +142,10 @@ class WorkerSlot:
           try:
             message = await asyncio.wait_for(self._read(), remaining)
           except asyncio.TimeoutError:
+            continue
+          if message.get("type") == "reaped":
+            if self.on_reaped is not None:
+              self.on_reaped(message)
             continue
           if message.get("job_id") != job.job_id:
             continue

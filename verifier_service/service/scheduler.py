@@ -98,6 +98,8 @@ class Scheduler:
     self.compiler = compiler
     self.pool = pool
     self.metrics = metrics or metrics_lib.Metrics()
+    for slot in pool.slots if pool is not None else []:
+      slot.on_reaped = self._reaped
     self._inflight: singleflight.SingleFlight[pb.Verdict] = singleflight.SingleFlight()
     self._verdicts: collections.OrderedDict[str, tuple[str, bytes]] = collections.OrderedDict()
     self._store = verdict_store.VerdictStore(
@@ -339,6 +341,13 @@ class Scheduler:
         log.warning("retrying %s after infrastructure failure: %s", request.request_id,
                     result.get("message"))
     self._merge(verdict, result, time.monotonic() - t)
+
+  def _reaped(self, message: dict[str, Any]) -> None:
+    """A finished job's processes' CPU (the worker's "reaped" message) into the metrics."""
+    parts = message.get("cpu_s")
+    for part, seconds in parts.items() if isinstance(parts, dict) else ():
+      if isinstance(seconds, (int, float)) and seconds >= 0:
+        self.metrics.job_cpu_seconds.labels(str(part)).observe(seconds)
 
   def _fill_compile(self, verdict: pb.Verdict, builds: list[compile_lib.BuildResult]) -> None:
     compiled = all(b.ok for b in builds)

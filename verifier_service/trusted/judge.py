@@ -566,4 +566,4 @@ def run(envelope: envelope_lib.Envelope, chan: wire.Channel,
   # Checked here as the worker will check it: a field this run left out takes its default.
   return envelope_lib.JudgeReport.from_json(
       {**envelope_lib.JudgeReport(stage=result["stage"], outcome=None).to_json(), **result,
-       "memory": memory})
+       "memory": memory, "cpu_s": time.process_time()})

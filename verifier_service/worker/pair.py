@@ -83,6 +83,7 @@ class Process:
     self.timed = False  # the judge's timing is over
     self.exited = self.drained = self.killed = False
     self.wait_status: int | None = None
+    self.cpu_s = 0.0  # user + system CPU of the process and what it reaped (wait4), once exited
     self.first_line_at = self.result_at = self.exited_at = 0.0  # time.monotonic(); 0: not yet
     self._buffer = b""
 
@@ -137,10 +138,11 @@ class Process:
   def reap(self, block: bool = True) -> bool:
     """Waits for the exit (or only looks, `block=False`); True once it has exited."""
     if self.wait_status is None:
-      pid, wait_status = os.waitpid(self.pid, 0 if block else os.WNOHANG)
+      pid, wait_status, usage = os.wait4(self.pid, 0 if block else os.WNOHANG)
       if pid == 0:
         return False
       self.wait_status, self.exited = wait_status, True
+      self.cpu_s = usage.ru_utime + usage.ru_stime
     return True
 
   def close_start(self) -> None:
@@ -180,6 +182,7 @@ class Pair:
     self.processes = [judge, candidate]
     self.set_up = False
     self.forked_at = time.monotonic()
+    self.job_id = ""  # the job it was handed (start); "" for a pair that never got one
 
   @classmethod
   def fork(cls, device: str, spec: dict[str, Any]) -> Pair:
@@ -233,6 +236,7 @@ class Pair:
 
   def start(self, job: envelope.Envelope) -> None:
     """Hands `job` to both processes (its modules copied into the candidate's folder first)."""
+    self.job_id = job.job.job_id
     job = dataclasses.replace(job, job=dataclasses.replace(
         job.job, modules=self._stage_modules(job.job.modules)))
     text = job.dumps()
@@ -342,6 +346,19 @@ class Pair:
     shutil.rmtree(self.cand_dir, ignore_errors=True)
     shutil.rmtree(self.judge_dir, ignore_errors=True)
     return True
+
+  def cpu_report(self) -> dict[str, Any] | None:
+    """Once both have exited: the "reaped" message, the CPU seconds the job's processes used from
+    their fork to their exit (the kernel's count, wait4), the judge's split at its report (its own
+    count, trusted: the judge's code); None for a pair that never got a job."""
+    if not self.job_id or not all(p.exited for p in self.processes):
+      return None
+    parts = {"judge": self.judge.cpu_s, "candidate": self.candidate.cpu_s}
+    if isinstance(self.judge.result, envelope.JudgeReport) and self.judge.result.cpu_s > 0:
+      until = min(self.judge.result.cpu_s, self.judge.cpu_s)
+      parts.update(judge_until_report=until, judge_after_report=self.judge.cpu_s - until)
+    return {"type": "reaped", "job_id": self.job_id,
+            "cpu_s": {k: round(v, 4) for k, v in parts.items()}}
 
   def discard(self) -> None:
     """A pair that never got a job: end of file on its start pipes, then it is reaped."""

@@ -13,6 +13,9 @@ at stderr so that stray prints cannot corrupt it, and job children never inherit
   {"type": "budget", "job_id": ..., "seconds": ..., "why": ...}   the judge's budget for what is
                                                                  left (run/budget.py)
   {"type": "done", "job_id": ..., "result": {...}, "status": {...}, "log_tail": "..."}
+  {"type": "reaped", "job_id": ..., "cpu_s": {"judge": ..., "candidate": ..., ...}}  once a job's
+                                                                 processes are reaped, often after
+                                                                 its "done" (Pair.cpu_report)
 
 Each of the job's two processes gets the job as a run/envelope.Envelope and answers with a
 JudgeReport or a CandidateReport, each checked where this process reads it: a report that does
@@ -104,7 +107,7 @@ def serve(device: str, out: TextIO, sandbox_spec: dict[str, Any]) -> None:
   send(out, {"type": "ready", "pid": os.getpid(), "device": device, "threads": threads,
              "torch_version": torch.__version__, "cuda_version": torch.version.cuda or "",
              "sandbox": probe(sandbox_spec)})
-  slot = _Slot(device, sandbox_spec)
+  slot = _Slot(device, sandbox_spec, out)
   slot.prepare_next(None)  # the first job's pair, set up while no job is waiting
   slot.set_up_next()
   stdin = _Lines(sys.stdin.fileno())
@@ -148,8 +151,8 @@ def _job(line: bytes) -> tuple[envelope.Job | None, dict[str, Any]]:
 class _Slot:
   """The worker's pairs: the one running a job, the standby for the next, the finished ones."""
 
-  def __init__(self, device: str, spec: dict[str, Any]):
-    self.device, self.spec = device, spec
+  def __init__(self, device: str, spec: dict[str, Any], out: TextIO):
+    self.device, self.spec, self.out = device, spec, out
     self.standby_on = bool(spec.get("standby", True))
     self.standby: pair_lib.Pair | None = None
     self.retiring: list[pair_lib.Pair] = []
@@ -187,7 +190,14 @@ class _Slot:
       self.standby.setup()
 
   def collect(self) -> None:
-    self.retiring = [pair for pair in self.retiring if not pair.reap()]
+    """Reaps the finished pairs that have exited, each reported as "reaped"."""
+    still = []
+    for pair in self.retiring:
+      if pair.reap():
+        _send_reaped(self.out, pair)
+      else:
+        still.append(pair)
+    self.retiring = still
 
   def close(self) -> None:
     if self.standby is not None:
@@ -259,9 +269,16 @@ def run_job(job: envelope.Job, device: str, spec: dict[str, Any] | None = None,
   pair.retire()
   if before_serving is None:
     pair.reap(block=True)
+    _send_reaped(out, pair)
   marks["end"] = time.monotonic()
   done["worker_timings"] = _timings(marks, pair)
   return done
+
+
+def _send_reaped(out: TextIO, pair: pair_lib.Pair) -> None:
+  report = pair.cpu_report()
+  if report is not None:
+    send(out, report)
 
 
 def _timings(marks: dict[str, float], pair: pair_lib.Pair | None) -> dict[str, float]:
