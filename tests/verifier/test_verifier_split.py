@@ -186,6 +186,35 @@ def test_a_split_build_has_the_lite_builds_kernels_and_symbols(built):
 
 
 @_CPU_CALLS_CRASH_ON_GPU_BOXES
+def test_with_company_a_source_batches_before_it_splits(built, toolchain, cache_dir):
+  """With the split on and batching on, sources compiled at the same time share a batch (per
+  member a fraction of a split build's fixed cost: BENCHMARKS.md, "Batches before the split");
+  a lone source still splits. The batched modules answer as the split one."""
+  exts = [checks.check_candidate(kernels.cuda_candidate(GOOD, f"company_{k}")).extensions[0]
+          for k in ("a", "b", "c")]
+
+  async def go():
+    compiler = compile_lib.Compiler(toolchain, cache_dir,
+                                    compile_lib.CompilerOptions(max_jobs=2, split=True))
+    try:
+      await compiler.warm_up()
+      assert await asyncio.wait_for(compiler.split_ready(), 1800), compiler.split_stats()
+      together = await asyncio.gather(*(compiler.build(ext, 900, problem=ext.name)
+                                        for ext in exts[:2]))
+      alone = await compiler.build(exts[2], 900, problem=exts[2].name)
+      return together, alone
+    finally:
+      await compiler.close()
+  together, alone = asyncio.run(go())
+  assert all(r.ok for r in together + [alone]), [r.log[-2000:] for r in together + [alone]]
+  assert [(r.header_tier, r.batch_size) for r in together] == [("lite", 2)] * 2, [
+      (r.batch_note, r.split_note) for r in together]
+  assert (alone.header_tier, alone.batch_size) == ("split", 0), alone.batch_note
+  answers = _call(*(r.so_path for r in together + [alone]))
+  assert answers[0][0] == answers[1][0] == answers[2][0] == [3.0] * 3
+
+
+@_CPU_CALLS_CRASH_ON_GPU_BOXES
 def test_a_split_builds_host_function_answers_and_checks_as_the_lite_ones(built):
   results, _ = built
   split, lite = results["split_good"]

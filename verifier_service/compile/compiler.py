@@ -36,9 +36,10 @@ it fast (each measured in `benchmarks/verifier_compile.py`):
    Started and checked by a probe after `warm_up`, which also builds the precompiled host code
    of point 3.
 8. The split path (device_split.py; `CompilerOptions(split=True)`, off by default): a
-   cuda.cu the lite tier would build is first built in two halves, its device code by nvcc
-   without torch's headers and its host code by g++ against a precompiled lite header, then
-   linked. Sources the cut refuses (split_source.py) and halves that fail take the usual path,
+   cuda.cu the lite tier would build and no batch takes (a lone compile, or one a batch
+   refuses; batches come first, point 6: a split build's CPU is all fixed cost) is built in two
+   halves, its device code by nvcc without torch's headers and its host code by g++ against a
+   precompiled lite header, then linked. Sources the cut refuses (split_source.py) and halves that fail take the usual path,
    which decides the verdict. BuildResult.header_tier is "split" for those it built;
    `split_note` says why another was not; `split_stats` counts both. With it, the device halves'
    preprocessing passes run on the candidate's code after a snapshot of the headers' macros
@@ -595,15 +596,23 @@ class Compiler:
                          ) -> tuple[str | batch_lib.Batched | device_split.Halves, str,
                                     dict[str, str]]:
     """cuda.cu at the lightest tier that compiles: (object, tier, why lighter tiers were not
-    used). Raises ProcessFailed with the original source's log if nothing compiles. A source the
-    lite tier accepts is first built in two halves where it can be (device_split.py): then the
-    object is a `device_split.Halves` and the tier SPLIT. Else, while other builds are in flight,
-    a lite source may share one translation unit with theirs (batch.py): then the object is a
-    `batch.Batched`."""
+    used). Raises ProcessFailed with the original source's log if nothing compiles. While other
+    builds are in flight, a lite source may share one translation unit with theirs (batch.py):
+    then the object is a `batch.Batched`. A lite source no batch takes is built in two halves
+    where it can be (device_split.py): then the object is a `device_split.Halves` and the tier
+    SPLIT."""
     level = header_tiers.original_level(cuda_text)
     env = await self._envs.ensure(self._nvcc_argv(flags), level) if (tiers and level) else None
     variants, notes = header_tiers.plan(cuda_text, env, tiers)
     if may_split and self._split is not None and variants[0][0] == LITE:
+      if may_batch and self._batcher is not None and self._building > 1:
+        # With company, a batch first: per member it costs a fraction of a split build, whose
+        # CPU is all fixed cost (BENCHMARKS.md, "Batches before the split"); the split serves
+        # the lone ones and those no batch takes.
+        batched, why = await self._batch(flags, env, variants[0][1], problem)
+        if batched is not None:
+          return batched, LITE, notes
+        notes["batch"], may_batch = why, False
       halves, why = await self._split.compile(flags, cuda_text, env, self._envs.folder(env.key),
                                               self._split_argv(flags, env))
       if halves is not None:
@@ -618,8 +627,7 @@ class Compiler:
         continue
       cmd, module_id = self._cuda_command(flags, env, tier)
       if tier == LITE and may_batch and self._batcher is not None and self._building > 1:
-        shared = [a for a in cmd if not pch_lib.NAME_DEFINE_RE.match(a)]
-        batched, why = await self._batcher.compile(shared, module_id, text, problem)
+        batched, why = await self._batch(flags, env, text, problem)
         if batched is not None:
           return batched, tier, notes
         notes["batch"] = why
@@ -632,6 +640,14 @@ class Compiler:
         if tier == LITE:
           lite_log = e.log
     raise AssertionError("plan() always ends with the original source")
+
+  async def _batch(self, flags: buildspec.BuildFlags, env: header_tiers.Environment | None,
+                   text: str, problem: str) -> tuple[batch_lib.Batched | None, str]:
+    """The lite-tier `text` in a batch (batch.py): (member, "") or (None, why not)."""
+    assert self._batcher is not None
+    cmd, module_id = self._cuda_command(flags, env, LITE)
+    shared = [a for a in cmd if not pch_lib.NAME_DEFINE_RE.match(a)]
+    return await self._batcher.compile(shared, module_id, text, problem)
 
   def _split_argv(self, flags: buildspec.BuildFlags, env: header_tiers.Environment) -> list[str]:
     """nvcc's command (no -c/-o, no extension name) at the lite tier: the split's names are the
