@@ -87,8 +87,9 @@ def _add_common(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> No
                       help="cuda.cu sources compiled at once share one translation unit, up to "
                            "this many (0 or 1: each alone; default %(default)s)")
   parser.add_argument("--compile-split", action="store_true",
-                      help="build cuda.cu in two halves where the cut accepts it (device code by "
-                           "nvcc without torch, host code by g++; the usual path otherwise)")
+                      help="build cuda.cu in two halves where the cut accepts it and no batch "
+                           "takes it (device code by nvcc without torch, host code by g++; the "
+                           "usual path otherwise)")
   parser.add_argument("--cpu-test-mode", action="store_true",
                       help="DEVELOPMENT ONLY: run candidates whose load_inline has only C++ "
                            "sources on CPU workers (exercises the worker without a GPU; proves "

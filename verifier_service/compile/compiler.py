@@ -39,11 +39,11 @@ it fast (each measured in `benchmarks/verifier_compile.py`):
    cuda.cu the lite tier would build and no batch takes (a lone compile, or one a batch
    refuses; batches come first, point 6: a split build's CPU is all fixed cost) is built in two
    halves, its device code by nvcc without torch's headers and its host code by g++ against a
-   precompiled lite header, then linked. Sources the cut refuses (split_source.py) and halves that fail take the usual path,
-   which decides the verdict. BuildResult.header_tier is "split" for those it built;
-   `split_note` says why another was not; `split_stats` counts both. With it, the device halves'
-   preprocessing passes run on the candidate's code after a snapshot of the headers' macros
-   (rest_preprocess.py; `split_preprocess`, on with the split).
+   precompiled lite header, then linked. Sources the cut refuses (split_source.py) and halves
+   that fail take the usual path, which decides the verdict. BuildResult.header_tier is "split"
+   for those it built; `split_note` says why another was not; `split_stats` counts both. With
+   it, the device halves' preprocessing passes run on the candidate's code after a snapshot of
+   the headers' macros (rest_preprocess.py; `split_preprocess`, on with the split).
 
 Each build's processes (start, wait, wall) are recorded in `BuildResult.steps` (procs.Trace).
 

@@ -58,9 +58,10 @@ class ServerConfig:
   # cuda.cu sources compiling at the same time share one translation unit, this many at most
   # (compile/batch.py); 0 or 1: each alone.
   batch_members: int = batch_lib.MAX_MEMBERS
-  # cuda.cu in two halves where the cut accepts it: device code by nvcc without torch, host code
-  # by g++ against a precompiled lite header (compile/device_split.py); every source it refuses,
-  # and every half that fails, takes the usual path. Off by default: it paid on DICE-sized kernels
+  # cuda.cu in two halves where the cut accepts it and no batch takes it (batches come first):
+  # device code by nvcc without torch, host code by g++ against a precompiled lite header
+  # (compile/device_split.py); every source it refuses, and every half that fails, takes the
+  # usual path. Off by default: it paid on DICE-sized kernels
   # on an H200 box (BENCHMARKS.md), which is the only workload it has been measured on there.
   compile_split: bool = False
   # With compile_split: the device halves' two preprocessing passes run on the candidate's code
