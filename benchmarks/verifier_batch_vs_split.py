@@ -17,7 +17,6 @@ child included); prints per variant the mean per candidate and the ratio split /
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import os
 import pathlib
@@ -26,7 +25,7 @@ import tempfile
 from verifier_service.compile import compiler as compile_lib
 from verifier_service.compile import toolchain as toolchain_lib
 
-from verifier_split_compile import DATA, fresh, phase1_extensions
+from verifier_split_compile import dice_parser, first_splits, fresh, phase1_extensions
 
 
 def _cpu(results: list[compile_lib.BuildResult]) -> float:
@@ -44,13 +43,7 @@ async def main(args) -> None:
     await asyncio.gather(batch.warm_up(), split.warm_up())
     if not (await batch.split_ready() and await split.split_ready()):
       raise SystemExit("the split path cannot serve on this machine")
-    chosen = []
-    for name, ext in phase1_extensions(args.data):
-      if len(chosen) >= args.count:
-        break
-      result = await split.build(fresh(ext, "first"), 900, problem=name)
-      if result.header_tier == compile_lib.SPLIT:
-        chosen.append((name, ext))
+    chosen = await first_splits(split, phase1_extensions(args.data), args.count)
     figures = {}
     for round_ in ("untimed", "timed"):
       results = await asyncio.gather(*(batch.build(fresh(ext, f"batch-{round_}"), 900, problem=name)
@@ -73,9 +66,4 @@ async def main(args) -> None:
 
 
 if __name__ == "__main__":
-  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  parser.add_argument("--data", default=str(DATA))
-  parser.add_argument("--count", type=int, default=8, help="candidates in the burst")
-  parser.add_argument("--jobs", type=int, default=os.cpu_count() or 2)
-  parser.add_argument("--cache-dir", default="", help="reuse a cache (shared headers built)")
-  asyncio.run(main(parser.parse_args()))
+  asyncio.run(main(dice_parser(__doc__, 8, "candidates in the burst").parse_args()))

@@ -17,7 +17,6 @@ ratio usual / snapshot of each.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import os
 import pathlib
@@ -28,7 +27,7 @@ import time
 from verifier_service.compile import compiler as compile_lib
 from verifier_service.compile import toolchain as toolchain_lib
 
-from verifier_split_compile import DATA, children_cpu, fresh, phase1_extensions
+from verifier_split_compile import children_cpu, dice_parser, fresh, phase1_extensions
 
 
 def _device_cpu(result: compile_lib.BuildResult) -> float:
@@ -82,9 +81,4 @@ async def main(args) -> None:
 
 
 if __name__ == "__main__":
-  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  parser.add_argument("--data", default=str(DATA))
-  parser.add_argument("--count", type=int, default=12, help="timed candidates that split")
-  parser.add_argument("--jobs", type=int, default=os.cpu_count() or 2)
-  parser.add_argument("--cache-dir", default="", help="reuse a cache (shared headers built)")
-  asyncio.run(main(parser.parse_args()))
+  asyncio.run(main(dice_parser(__doc__, 12, "timed candidates that split").parse_args()))

@@ -17,8 +17,8 @@ steps), compiler CPU-s per compile (this process's reaped children: the compile 
 the warm front ends' forked children), GPU-slot seconds per job (the workers' own account,
 `dice_verifier_worker_seconds`) and the CPU-s of the GPU workers with the job processes they reaped
 per job (and per reaped job by process: judge, candidate, and the judge's CPU until its report and
-after it, `dice_verifier_job_cpu_seconds`), the server's and client's own CPU, the median of each stage, requests that reached the
-server, cache hits, outcomes per sample kind.
+after it, `dice_verifier_job_cpu_seconds`), the server's and client's own CPU, the median of each
+stage, requests that reached the server, cache hits, outcomes per sample kind.
 
   python benchmarks/verifier_rl_burst.py --data PATH/kernel_infilling_evaluation.json   # GPU box
   python benchmarks/verifier_rl_burst.py --no-gpu --problems-per-step 2 --samples 3 --steps 2

@@ -6,9 +6,9 @@ the macro snapshot on, candidates one at a time: batch_members=1), in this proce
 alternate between `tiny` (the tests' scaled_add kernel: one __global__ function of three lines
 and a host function of five) and the next DICE middle that splits, each cuda.cu made new by a
 trailing comment (a cold object; main.cpp from cache: every candidate is built once untimed
-first, which also takes and checks the macro snapshot and warms the fork servers). Per build, the CPU
-of each step (the exec wrapper's figure, by half and tool) is summed; prints each step's mean per
-kind and the ratio tiny / DICE of the whole: the share of a split build that does not depend on
+first, which also takes and checks the macro snapshot and warms the fork servers). Per build, the
+CPU of each step (the exec wrapper's figure, by half and tool) is summed; prints each step's mean
+per kind and the ratio tiny / DICE of the whole: the share of a split build that does not depend on
 the candidate's code, which only compiling several candidates per translation unit can spread.
 
   TORCH_CUDA_ARCH_LIST=9.0 python benchmarks/verifier_split_fixed_cost.py --count 6
@@ -16,7 +16,6 @@ the candidate's code, which only compiling several candidates per translation un
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import collections
 import os
@@ -29,7 +28,7 @@ from verifier_service.compile import checks
 from verifier_service.compile import compiler as compile_lib
 from verifier_service.compile import toolchain as toolchain_lib
 
-from verifier_split_compile import DATA, fresh, phase1_extensions
+from verifier_split_compile import dice_parser, first_splits, fresh, phase1_extensions
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests" / "verifier"))
 import verifier_kernels as kernels  # noqa: E402  pylint: disable=wrong-import-position
@@ -45,7 +44,6 @@ def _by_step(result: compile_lib.BuildResult) -> collections.Counter:
 
 async def main(args) -> None:
   (tiny,) = checks.check_candidate(kernels.cuda_candidate(name="tiny_ext")).extensions
-  dice = phase1_extensions(args.data)
   cache = pathlib.Path(args.cache_dir or tempfile.mkdtemp(prefix="split-fixed-"))
   compiler = compile_lib.Compiler(toolchain_lib.discover(), cache, compile_lib.CompilerOptions(
       max_jobs=args.jobs, split=True, batch_members=1, warm_front_ends=True))
@@ -54,13 +52,7 @@ async def main(args) -> None:
     await compiler.warm_up()
     if not await compiler.split_ready():
       raise SystemExit("the split path cannot serve on this machine")
-    chosen = []  # DICE items that split, each built once untimed (its main.cpp then cached)
-    for name, ext in dice:
-      if len(chosen) >= args.count:
-        break
-      result = await compiler.build(fresh(ext, "first"), 900, problem=name)
-      if result.header_tier == compile_lib.SPLIT:
-        chosen.append((name, ext))
+    chosen = await first_splits(compiler, phase1_extensions(args.data), args.count)
     for _ in range(2):  # tiny's main.cpp cached too
       await compiler.build(fresh(tiny, "first"), 900, problem="tiny")
     for name, ext in chosen:
@@ -74,24 +66,19 @@ async def main(args) -> None:
     print(f"load average {os.getloadavg()}; split stats {compiler.split_stats()}")
   finally:
     await compiler.close()
-  count = min(len(r) for r in rows.values())
+  count = len(rows["dice"])  # one row of each kind per DICE item
   if count == 0:
     raise SystemExit("no timed split builds")
   steps = sorted({k for r in rows.values() for c in r for k in c},
                  key=lambda k: -sum(c[k] for c in rows["dice"]))
   print(f"CPU-s per split build, mean of {count} (tiny, DICE):")
   for step in steps:
-    means = [statistics.mean(c[step] for c in rows[kind][:count]) for kind in ("tiny", "dice")]
+    means = [statistics.mean(c[step] for c in rows[kind]) for kind in ("tiny", "dice")]
     print(f"  {step:28s} {means[0]:6.3f} {means[1]:6.3f}")
-  totals = [statistics.mean(sum(c.values()) for c in rows[kind][:count]) for kind in ("tiny", "dice")]
+  totals = [statistics.mean(sum(c.values()) for c in rows[kind]) for kind in ("tiny", "dice")]
   print(f"  {'total':28s} {totals[0]:6.3f} {totals[1]:6.3f}")
   print(f"tiny / DICE: {totals[0] / totals[1]:.2f}")
 
 
 if __name__ == "__main__":
-  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  parser.add_argument("--data", default=str(DATA))
-  parser.add_argument("--count", type=int, default=6, help="timed split builds of each kind")
-  parser.add_argument("--jobs", type=int, default=os.cpu_count() or 2)
-  parser.add_argument("--cache-dir", default="", help="reuse a cache (shared headers built)")
-  asyncio.run(main(parser.parse_args()))
+  asyncio.run(main(dice_parser(__doc__, 6, "timed split builds of each kind").parse_args()))

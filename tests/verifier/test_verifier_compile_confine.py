@@ -359,8 +359,8 @@ def test_an_endless_include_ends_within_the_bounds(toolchain, cache_dir, name, i
         "\n#include __FILE__\n#include __FILE__\n#endif\n")
   else:
     cuda = _include(include)
-  result, sampled, seconds = _build(toolchain, cache_dir, _candidate(cuda, f"endless_{name}_ext"),
-                                 limits=CPU_SMALL)
+  result, sampled, seconds = _build(toolchain, cache_dir,
+                                    _candidate(cuda, f"endless_{name}_ext"), limits=CPU_SMALL)
   assert result.ok == (name == "stdin"), result.log[:500]
   assert 0 < sampled.peak_tree_bytes < CPU_SMALL.memory_bytes, sampled.peak_tree
   assert seconds < 8 * CPU_SMALL.cpu_s, seconds
