@@ -20,6 +20,7 @@ import time
 
 import pytest
 
+from verifier_service.compile import cgroups as cgroups_lib
 from verifier_service.compile import checks
 from verifier_service.compile import compiler as compile_lib
 from verifier_service.compile import confine as confine_lib
@@ -268,6 +269,16 @@ def test_a_host_that_cannot_confine_refuses_to_start_and_says_what_is_missing(
     assert compiler.confinement.layers["memory"].startswith("RLIMIT_DATA")
   finally:
     asyncio.run(compiler.close())
+
+
+def test_a_group_emptied_after_its_loop_closed_still_kills_its_processes(tmp_path):
+  """A compile's coroutine closed by the garbage collector after its event loop closed (CI saw
+  it: "no running event loop" in cgroups._empty) still kills what its group holds."""
+  sleeper = subprocess.Popen(["sleep", "60"])
+  (tmp_path / "cgroup.procs").write_text(f"{sleeper.pid}\n")
+  with pytest.raises(StopIteration):  # runs to its end without a loop
+    cgroups_lib._empty(tmp_path).send(None)
+  assert sleeper.wait(timeout=10) == -9
 
 
 def test_the_servers_compile_settings_reach_its_compiler(toolchain, tmp_path):

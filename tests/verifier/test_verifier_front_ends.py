@@ -255,3 +255,16 @@ def test_a_cancelled_compile_kills_its_child_and_the_fork_server_serves_on(toolc
   assert folders == [], folders  # the child's folder went with it
   assert claimed == 2 and again == plain
   assert [p.name for p in (tmp_path / "scratch").iterdir()] == []
+
+
+def test_two_builders_of_the_preload_library_at_once_both_get_it(toolchain, tmp_path):
+  """Two compilers of one process on one cache build the preload library at the same time (the
+  benchmarks' pairs of compilers did): each gets the library, and no partial file is left."""
+  env = toolchain.build_env()
+
+  async def both():
+    return await asyncio.gather(*(front_ends_lib._build_shim(tmp_path, env) for _ in range(4)))
+
+  paths = asyncio.run(both())
+  assert len(set(paths)) == 1 and paths[0] is not None and paths[0].is_file()
+  assert os.listdir(tmp_path) == [paths[0].name]

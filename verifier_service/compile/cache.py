@@ -40,6 +40,7 @@ import os
 import pathlib
 import re
 import shutil
+import tempfile
 import time
 from typing import AbstractSet, Callable, Iterator
 
@@ -51,6 +52,14 @@ _TMP_MAX_AGE_S = 24 * 3600
 _PRUNE_INTERVAL_S = 60.0
 _PARTS = ("pch", "headers", "obj", "so", "builds")
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*$", re.I)
+
+
+def partial_path(target: pathlib.Path) -> pathlib.Path:
+  """A new empty file beside `target`, to write in full and then os.replace onto it: writers of
+  one target at once (two compilers of one process, two servers on one cache) never share it."""
+  fd, name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+  os.close(fd)
+  return pathlib.Path(name)
 
 
 def parse_size(text: str) -> int:

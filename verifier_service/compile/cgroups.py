@@ -244,16 +244,21 @@ def _events(path: pathlib.Path) -> dict[str, int]:
 
 
 async def _empty(folder: pathlib.Path, wait_s: float = 5.0) -> None:
-  """Kills the processes left in a group and waits (polling) until the kernel has let them go."""
-  loop = asyncio.get_running_loop()
-  deadline = loop.time() + wait_s
+  """Kills the processes left in a group and waits (polling) until the kernel has let them go.
+  Without a running loop (a compile's coroutine closed by the garbage collector after its loop
+  closed) it kills them and returns: it cannot wait there."""
+  try:
+    loop = asyncio.get_running_loop()
+  except RuntimeError:
+    loop = None
+  deadline = loop.time() + wait_s if loop else 0.0
   while True:
     pids = _read(folder / "cgroup.procs").split()
-    if not pids or loop.time() > deadline:
-      return
     for pid in pids:
       with contextlib.suppress(ProcessLookupError, ValueError, PermissionError):
         os.kill(int(pid), signal.SIGKILL)
+    if not pids or loop is None or loop.time() > deadline:
+      return
     await asyncio.sleep(0.02)
 
 

@@ -67,6 +67,7 @@ import sysconfig
 import tempfile
 
 from verifier_service import enums
+from verifier_service.compile import cache as cache_lib
 from verifier_service.compile import cgroups as cgroups_lib
 from verifier_service.compile import diagnostics
 from verifier_service.compile import limits as limits_lib
@@ -337,7 +338,7 @@ def _build_wrapper(folder: pathlib.Path, env: dict[str, str]) -> pathlib.Path | 
   if cc is None:
     log.error("compile confinement: no C compiler (cc, gcc) on PATH to build its exec wrapper")
     return None
-  partial = folder / f"{target.name}.{os.getpid()}.tmp"
+  partial = cache_lib.partial_path(target)
   proc = subprocess.run([cc, "-O2", "-o", str(partial), str(SOURCE)], capture_output=True,
                         text=True, env=env, check=False)
   if proc.returncode != 0:

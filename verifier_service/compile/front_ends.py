@@ -69,6 +69,7 @@ import tempfile
 import time
 from typing import Callable
 
+from verifier_service.compile import cache as cache_lib
 from verifier_service.compile import confine as confine_lib
 from verifier_service.compile import nvcc_split
 from verifier_service.compile import procs as compile_procs
@@ -450,7 +451,7 @@ async def _build_shim(folder: pathlib.Path, env: dict[str, str]) -> pathlib.Path
     log.warning("warm front ends off: no C compiler on PATH")
     return None
   folder.mkdir(parents=True, exist_ok=True)
-  partial = folder / f"{target.name}.{os.getpid()}.tmp"
+  partial = cache_lib.partial_path(target)
   process = await asyncio.create_subprocess_exec(
       cc, "-O2", "-shared", "-fPIC", "-x", "c", str(SHIM), "-o", str(partial), "-ldl",
       stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, env=env)

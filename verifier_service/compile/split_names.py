@@ -37,6 +37,7 @@ import tempfile
 from typing import Awaitable, Callable
 
 from verifier_service.compile import batch as batch_lib
+from verifier_service.compile import cache as cache_lib
 from verifier_service.compile import nvcc_split
 from verifier_service.compile import procs as compile_procs
 from verifier_service.compile import split_source
@@ -360,7 +361,7 @@ class Store:
         return None
       finally:
         shutil.rmtree(work, ignore_errors=True)
-      tmp = path.with_suffix(".tmp")
+      tmp = cache_lib.partial_path(path)
       tmp.write_text(json.dumps({"version": VERSION, "device": sorted(names.device),
                                  "host": sorted(names.host),
                                  "block_includes": sorted(names.block_includes),
