@@ -15,7 +15,7 @@ verdicts/s (completions per second of the step's wall time), the step's time to 
 (`cold_step_s`: the first step, on an empty cache; `step_p50_s`/`step_p90_s` over the later, warm
 steps), compiler CPU-s per compile (this process's reaped children: the compile processes; and
 the warm front ends' forked children), GPU-slot seconds per job (the workers' own account,
-`dice_verifier_worker_seconds`) and the CPU-s of the GPU workers with the job processes they reaped
+`dice_verifier_worker_seconds`; and its parts' means, worker/process.py _timings) and the CPU-s of the GPU workers with the job processes they reaped
 per job (and per reaped job by process: judge, candidate, and the judge's CPU until its report and
 after it, `dice_verifier_job_cpu_seconds`), the server's and client's own CPU, the median of each
 stage, requests that reached the server, cache hits, outcomes per sample kind.
@@ -124,6 +124,12 @@ class Served:
       out[f"job_cpu_{part}_s"] = metrics("dice_verifier_job_cpu_seconds_sum", {"part": part}) or 0.0
       out[f"job_cpu_{part}_n"] = metrics("dice_verifier_job_cpu_seconds_count",
                                          {"part": part}) or 0.0
+    # Where the GPU slots' seconds went, part by part (worker/process.py _timings).
+    for family in self.scheduler.metrics.worker_seconds.collect():
+      for sample in family.samples:
+        if sample.name.endswith(("_sum", "_count")) and sample.labels.get("part") != "slot":
+          kind = "s" if sample.name.endswith("_sum") else "n"
+          out[f"slot_part_{kind}:{sample.labels['part']}"] = sample.value
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     # Children of the warm front ends' fork servers are reaped by those servers, not by this
     # process: the compiler counts their CPU (wait4) itself.
@@ -205,7 +211,7 @@ def run_step(conn: connect_lib.Connection, served: Served, samples: list[mix_lib
   verdicts = future.result()
   wall = time.monotonic() - start
   stats1, counters1 = conn.client.stats(), served.counters()
-  delta = {k: counters1[k] - counters0[k] for k in counters1}
+  delta = {k: counters1[k] - counters0.get(k, 0.0) for k in counters1}
   busy1 = _busy_jiffies()
   sent = [v for v in verdicts if v.request_id]
   outcomes = collections.Counter(pb.Outcome.Name(v.outcome) for v in verdicts)
@@ -228,6 +234,7 @@ def run_step(conn: connect_lib.Connection, served: Served, samples: list[mix_lib
       "server_cpu_s": delta["server_cpu_s"],
       "job_cpu_s_per_job": {part: delta[f"job_cpu_{part}_s"] / delta[f"job_cpu_{part}_n"]
                             for part in JOB_CPU_PARTS if delta[f"job_cpu_{part}_n"]},
+      "slot_parts_s_per_job": _slot_parts(delta),
       "machine_cpu_busy": (busy1[0] - cores_busy0[0]) / max(1, busy1[1] - cores_busy0[1]),
       "stage_median_s": {
           "compile": _median([_stage(v, pb.STAGE_COMPILE) for v in fresh]),
@@ -237,6 +244,15 @@ def run_step(conn: connect_lib.Connection, served: Served, samples: list[mix_lib
       "verdict_total_p90_s": _quantile([v.total_s for v in fresh], 0.9),
       "outcomes": dict(outcomes), "outcomes_by_kind": {k: dict(c) for k, c in by_kind.items()},
       "builds": builds_lib.summarise(served.builds[first_build:])}
+
+
+def _slot_parts(delta: dict[str, float]) -> dict[str, float]:
+  """Mean seconds per job of each part of a GPU slot's time that this step's jobs had, largest
+  first."""
+  names = [key.split(":", 1)[1] for key in delta if key.startswith("slot_part_s:")]
+  parts = {name: delta["slot_part_s:" + name] / delta["slot_part_n:" + name]
+           for name in names if delta.get("slot_part_n:" + name)}
+  return dict(sorted(parts.items(), key=lambda kv: -kv[1]))
 
 
 def _cpu_with_reaped_s(pid: int | None) -> float:
@@ -269,6 +285,8 @@ def _print_step(index: int, step: dict) -> None:
         f"{step['workers_cpu_s']:.0f} ({step['cpu_s_per_job']:.2f} per job; per reaped job "
         + ", ".join(f"{k} {v:.2f}" for k, v in step["job_cpu_s_per_job"].items())
         + f"), server and client {step['server_cpu_s']:.0f}", flush=True)
+  print("  GPU slot per job, by part (mean s): " + ", ".join(
+      f"{k} {v:.3f}" for k, v in step["slot_parts_s_per_job"].items()), flush=True)
   print(f"  outcomes {step['outcomes']}; by kind: " + "; ".join(
       f"{k} {v}" for k, v in sorted(step["outcomes_by_kind"].items())), flush=True)
   print(builds_lib.line(step["builds"]), flush=True)

@@ -81,5 +81,12 @@ def test_the_benchmark_runs_end_to_end_and_writes_its_figures(tmp_path):
   assert report["mode"] == "dry" and report["steps_run"] == 3
   assert [s["completions"] for s in report["steps"]] == [8, 8, 8]
   assert report["outcomes"] == {"REJECTED": 24}
-  assert all(s["compiles"] == 0 for s in report["steps"])
+  assert all(s["compiles"] == 0 and s["slot_parts_s_per_job"] == {} for s in report["steps"])
   assert "step 2: 8 completions" in proc.stdout and "targets (one 16-core H200 box)" in proc.stdout
+
+
+def test_a_steps_slot_parts_are_means_over_its_jobs_largest_first():
+  import verifier_rl_burst as burst  # pylint: disable=import-outside-toplevel
+  delta = {"slot_part_s:exit": 1.5, "slot_part_n:exit": 3.0, "slot_part_s:fork": 0.0,
+           "slot_part_n:fork": 0.0, "slot_part_s:judge_run": 3.0, "slot_part_n:judge_run": 2.0}
+  assert list(burst._slot_parts(delta).items()) == [("judge_run", 1.5), ("exit", 0.5)]
