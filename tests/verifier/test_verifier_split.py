@@ -214,6 +214,34 @@ def test_with_company_a_source_batches_before_it_splits(built, toolchain, cache_
   assert answers[0][0] == answers[1][0] == answers[2][0] == [3.0] * 3
 
 
+def test_a_source_its_batchs_errors_name_skips_the_split(toolchain, cache_dir):
+  """With the split on, a source that breaks its batch (its own code named in the errors) is
+  built the usual way at once, which gives its compile error; no split build is tried for it
+  (both halves would fail first). Its batch mate, alone then, splits."""
+  good, broken = (checks.check_candidate(kernels.cuda_candidate(text, name)).extensions[0]
+                  for text, name in ((GOOD, "mate_good"), (BROKEN, "mate_broken")))
+
+  async def go():
+    compiler = compile_lib.Compiler(toolchain, cache_dir,
+                                    compile_lib.CompilerOptions(max_jobs=2, split=True))
+    try:
+      await compiler.warm_up()
+      assert await asyncio.wait_for(compiler.split_ready(), 1800), compiler.split_stats()
+      before = dict(compiler.split_stats())
+      results = await asyncio.gather(*(compiler.build(ext, 900, problem=ext.name)
+                                       for ext in (good, broken)))
+      return results, before, dict(compiler.split_stats()), compiler.batch_stats()
+    finally:
+      await compiler.close()
+  (ok, failed), before, after, batches = asyncio.run(go())
+  assert batches["failed"] == 1 and batches["batched"] == 0, batches  # the two were tried together
+  assert not failed.ok and "s_typo" in failed.log, failed.log[-2000:]
+  assert not [s for s in failed.steps if s.get("what") in ("device", "host")], failed.steps
+  assert ok.ok and ok.header_tier == "split", (ok.batch_note, ok.split_note)
+  assert ok.batch_note.startswith("its batch was not used"), ok.batch_note
+  assert (after["split"] - before["split"], after["failed"] - before["failed"]) == (1, 0), after
+
+
 @_CPU_CALLS_CRASH_ON_GPU_BOXES
 def test_a_split_builds_host_function_answers_and_checks_as_the_lite_ones(built):
   results, _ = built

@@ -69,6 +69,9 @@ def _as_is(argv: list[str], reads: tuple[str, ...]) -> list[str]:
 MAX_MEMBERS = 16
 GATHER_S = 0.15  # a burst's requests arrive within this of each other
 GATHER_MAX_S = 1.0
+# Why a member was not batched when the batch's own errors name its code: it most likely does not
+# compile at all (compiler.py then builds it the usual way at once, which gives its own log).
+NAMED_IN_ERRORS = "its code is named in its batch's errors; built alone"
 MEMBER_FILE = "m{index}/cuda.cu"
 
 _COMMENT_RE = header_tiers.STRIP_RE  # comments and literals
@@ -576,12 +579,11 @@ class Batcher:
     except compile_procs.LimitExceeded as e:  # which member did it is unknown: each builds alone
       unusable = f"it went over a bound ({e.limit.value})"
     except compile_procs.ProcessFailed as e:
-      culprits = members_in_errors(e.log)
+      culprits = {i for i in members_in_errors(e.log) if i < len(members)}
+      for i in culprits:
+        _resolve(members[i][1], None, NAMED_IN_ERRORS)
       rest = [pair for i, pair in enumerate(members) if i not in culprits]
       if culprits and not retried and len(rest) >= 2:
-        for i in culprits:
-          if i < len(members):
-            _resolve(members[i][1], None, "it does not compile in a batch; built alone")
         await self._run_batch(group, rest, retried=True)
         return
       log.info("a batch of %d did not compile:\n%s", len(members), e.log[-2000:])

@@ -37,9 +37,10 @@ it fast (each measured in `benchmarks/verifier_compile.py`):
    of point 3.
 8. The split path (device_split.py; `CompilerOptions(split=True)`, off by default): a
    cuda.cu the lite tier would build and no batch takes (a lone compile, or one a batch
-   refuses; batches come first, point 6: a split build's CPU is all fixed cost) is built in two
-   halves, its device code by nvcc without torch's headers and its host code by g++ against a
-   precompiled lite header, then linked. Sources the cut refuses (split_source.py) and halves
+   refuses, but not one its batch's errors name, which takes the usual path at once; batches
+   come first, point 6: a split build's CPU is all fixed cost) is built in two halves, its
+   device code by nvcc without torch's headers and its host code by g++ against a precompiled
+   lite header, then linked. Sources the cut refuses (split_source.py) and halves
    that fail take the usual path, which decides the verdict. BuildResult.header_tier is "split"
    for those it built; `split_note` says why another was not; `split_stats` counts both. With
    it, the device halves' preprocessing passes run on the candidate's code after a snapshot of
@@ -613,6 +614,10 @@ class Compiler:
         if batched is not None:
           return batched, LITE, notes
         notes["batch"], may_batch = why, False
+        # Named in its batch's errors, it most likely does not compile: a split build would
+        # fail first (both halves compiled, ~4 CPU-s), then the lite build below give its log.
+        may_split = why != batch_lib.NAMED_IN_ERRORS
+    if may_split and self._split is not None and variants[0][0] == LITE:
       halves, why = await self._split.compile(flags, cuda_text, env, self._envs.folder(env.key),
                                               self._split_argv(flags, env))
       if halves is not None:
