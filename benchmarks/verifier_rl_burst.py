@@ -54,6 +54,7 @@ import rl_burst_mix as mix_lib  # noqa: E402  (this folder)
 from dice.verifier.v1 import verifier_pb2 as pb  # noqa: E402
 from dice_jax.data import problems as problems_lib  # noqa: E402
 from dice_jax.rewards import candidates  # noqa: E402
+from dice_jax.verifier import client as client_lib  # noqa: E402
 from dice_jax.verifier import connect as connect_lib  # noqa: E402
 from dice_jax.verifier import defaults as verifier_defaults  # noqa: E402
 from dice_jax.verifier import options as options_lib  # noqa: E402
@@ -360,8 +361,13 @@ def main(argv: list[str] | None = None) -> None:
   parser.add_argument("--max-in-flight", type=int, default=0,
                       help="the client's requests outstanding per stream (0: `dice train`'s, "
                            f"{verifier_defaults.TRAINING.max_in_flight_per_stream})")
+  parser.add_argument("--item-order", action="store_true",
+                      help="the client sends a step's requests in item order, problem by problem "
+                           "(as before client.interleaved), for comparison")
   parser.add_argument("--json", default=str(RESULTS), help="where to write the figures")
   args = parser.parse_args(argv)
+  if args.item_order:
+    client_lib.interleaved = lambda items: list(range(len(items)))
 
   toolchain = toolchain_lib.discover()
   pool = load_pool(args)

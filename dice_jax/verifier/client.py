@@ -18,6 +18,8 @@
   first is taken.
 - If no target has been reachable for `max_attempts` connection tries, pending requests end with
   INFRA_ERROR ("no verifier reachable") instead of waiting forever.
+- Requests go out round-robin over a call's problems (`interleaved`), so that a server's window
+  holds many problems at once: its compiler batches one member per problem.
 - Verdicts are cached by a content hash of (reference, candidate, options): a repeat, in the same
   batch, a concurrent batch or a later one, never reaches a server. INFRA_ERROR is never cached.
 Targets are `HOST:PORT` or any gRPC target URI; `dns:///name:port` targets use round-robin load
@@ -57,6 +59,18 @@ class VerifyItem:
   reference_source: str
   candidate_source: str
   options: VerifyOptions | None = None
+
+
+def interleaved(items: Sequence[VerifyItem]) -> list[int]:
+  """The order `verify` sends `items` in: round-robin over their problems (each problem's items
+  in their own order). An RL step lists its completions group by group; sent so, a server's
+  window holds the first few problems only, and its compiler batches at most one member per
+  problem (verifier_service/compile/batch.py); round-robin, it holds every problem of the step
+  that fits (64 requests: 16 problems x 4 samples, against 8 x 8)."""
+  groups: dict[str, list[int]] = {}
+  for i, item in enumerate(items):
+    groups.setdefault(item.reference_source, []).append(i)
+  return [i for row in itertools.zip_longest(*groups.values()) for i in row if i is not None]
 
 
 def cache_key(item: VerifyItem, options: VerifyOptions) -> str:
@@ -248,24 +262,25 @@ class AsyncVerifierClient:
     if self._closed:
       raise RuntimeError("the verifier client is closed")
     self._start()
-    answers: list[Verdict | asyncio.Future] = []
-    for item in items:
+    answers: list[Verdict | asyncio.Future | None] = [None] * len(items)
+    for i in interleaved(items):
+      item = items[i]
       self.stats["requests"] += 1
       local = _unsendable(item)
       if local is not None:
-        answers.append(local)
+        answers[i] = local
         continue
       options = item.options if item.options is not None else self.options
       key = cache_key(item, options)
       if key in self._cache:
         self._cache.move_to_end(key)
         self.stats["cache_hits"] += 1
-        answers.append(self._cache[key])
+        answers[i] = self._cache[key]
       elif key in self._pending:
         self.stats["deduplicated"] += 1
-        answers.append(self._pending[key].future)
+        answers[i] = self._pending[key].future
       else:
-        answers.append(self._submit(key, item, options).future)
+        answers[i] = self._submit(key, item, options).future
     waiting = {a for a in answers if isinstance(a, asyncio.Future) and not a.done()}
     while waiting:
       _, waiting = await asyncio.wait(waiting, timeout=self.config.connect_timeout_s)
@@ -276,6 +291,7 @@ class AsyncVerifierClient:
                                             f"no verifier reachable: {self._unreachable_reason}"))
     out = []
     for answer in answers:
+      assert answer is not None
       verdict = Verdict()
       verdict.CopyFrom(answer.result() if isinstance(answer, asyncio.Future) else answer)
       out.append(verdict)

@@ -44,6 +44,19 @@ def test_verdicts_come_back_in_item_order_with_unique_ids():
   assert all(n == 1 for n in fake.seen.values())
 
 
+def test_requests_go_out_round_robin_over_problems_and_verdicts_return_in_item_order():
+  """An RL step lists its completions problem by problem; the server gets one of each problem in
+  turn (its compiler batches one member per problem), and the caller its verdicts in item order."""
+  fake = FakeVerifier("a")
+  refs = [REF + f"# problem {p}\n" for p in range(3)]
+  batch = [VerifyItem(ref, f"class ModelNew: pass  # {p}.{s}" + (" INCORRECT" if p == 1 else ""))
+           for p, ref in enumerate(refs) for s in range(3 - p)]  # groups of 3, 2 and 1
+  verdicts = run(with_servers([fake], lambda c: c.verify(batch), max_in_flight_per_stream=1))
+  assert [v.outcome for v in verdicts] == [pb.OK] * 3 + [pb.INCORRECT] * 2 + [pb.OK]
+  sent = {v.request_id: item.candidate_source.split("# ")[1] for v, item in zip(verdicts, batch)}
+  assert [sent[rid].split()[0] for rid in fake.seen] == ["0.0", "1.0", "2.0", "0.1", "1.1", "0.2"]
+
+
 def test_cache_and_deduplication_keep_repeats_off_the_wire():
   fake = FakeVerifier("a")
   async def body(client):
