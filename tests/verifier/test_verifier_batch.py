@@ -209,6 +209,39 @@ def test_the_include_blocks_own_object_compiles_alongside_the_first_batch(tmp_pa
   assert block_start < batch_end and abs(block_start - batch_start) < 0.25, spans
 
 
+def test_a_block_that_only_adds_includes_changing_nothing_shares_the_groups_batches(tmp_path):
+  """A member whose include block leaves the same preprocessed tokens and macros as a group's
+  joins that group (here the longer block's member came first); one whose includes add
+  something does not. The preprocessor is a stand-in: <cmath> adds nothing after the common
+  block, <cooperative_groups.h> adds a declaration."""
+  blocks = []
+
+  async def run(argv, cwd):
+    text = (cwd / "cuda.cu").read_text()
+    blocks.append(text)
+    out = "int shared_decl;\n" + ("int cg_decl;\n" if "cooperative_groups" in text else "")
+    (cwd / argv[-1]).write_text(out)
+    return 0, ""
+
+  async def compile_fn(cmd, text, filename, module_id, files):
+    return str(tmp_path / "missing.o"), ""
+
+  def kernel(extra: str, name: str) -> str:
+    return HEAD + extra + f"__global__ void {name}() {{}}\n"
+
+  async def go():
+    batcher = batch.Batcher(compile_fn, run, tmp_path, gather_s=0.05)
+    await batcher.compile(["nvcc"], None, kernel("#include <cmath>\n", "k0"), "a")
+    await batcher.compile(["nvcc"], None, kernel("", "k1"), "b")
+    await batcher.compile(["nvcc"], None, kernel("#include <cooperative_groups.h>\n", "k2"), "c")
+    return batcher
+
+  batcher = asyncio.run(go())
+  assert batcher.stats["extended"] == 1, batcher.stats
+  assert sorted(len(key[2]) for key in batcher._groups) == [4, 4], list(batcher._groups)
+  assert len(blocks) == 3 * 3  # three blocks, each preprocessed once (host, device, macros)
+
+
 # ----------------------------------------------------------------------------- real nvcc
 
 
@@ -267,6 +300,32 @@ def test_concurrent_builds_share_one_translation_unit_and_keep_their_own_code(to
   symbols = subprocess.run(["nm", "-C", good[0].so_path], capture_output=True, text=True,
                            check=True).stdout
   assert symbols.count("::scaled_add(at::Tensor, at::Tensor, double)") == 3
+
+
+@pytest.mark.slow
+def test_a_source_whose_extra_include_changes_nothing_shares_the_batch(toolchain, cache_dir):
+  """<cmath> after torch's headers (which include it) leaves the same tokens and macros: once
+  the two blocks have been compared (the first burst, whose members do not wait for that), two
+  such sources share one batch, and each module still runs its own member's code."""
+  def pair(first: str, second: str) -> list:
+    cmath = _scaled(first).replace("#include <torch/extension.h>\n",
+                                   "#include <torch/extension.h>\n#include <cmath>\n")
+    return [_extension(f"block_cmath_{first[0]}", cmath),
+            _extension(f"block_plain_{second[0]}", _scaled(second))]
+
+  async def go():
+    compiler = compile_lib.Compiler(toolchain, cache_dir, compile_lib.CompilerOptions(max_jobs=2))
+    try:
+      for exts in (pair("3.0", "4.0"), pair("2.0", "1.0")):
+        results = await asyncio.gather(*(compiler.build(ext, 900) for ext in exts))
+      return results, compiler.batch_stats()
+    finally:
+      await compiler.close()
+  results, stats = asyncio.run(go())
+  assert [r.ok for r in results] == [True, True], [r.log[-500:] for r in results]
+  assert [r.batch_size for r in results] == [2, 2], [r.batch_note for r in results]
+  assert stats["extended"] >= 1 and stats["batches"] == 1, stats
+  assert _call_all([r.so_path for r in results]) == [[2.0] * 3, [1.0] * 3]
 
 
 @pytest.mark.slow

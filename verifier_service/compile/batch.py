@@ -7,11 +7,12 @@ Why: nearly all of a cuda.cu compile is torch's and the C++ library's headers (B
 Each member keeps the meaning it has alone, and cannot reach another member's process:
 - Its source is its own file (`m<i>/cuda.cu`), #included inside a namespace whose name carries a
   random per-batch nonce (`dice_<nonce>_<i>`). Its include lines are blanked: every member of a
-  batch starts with the same include block, which the batch file includes once, first. Each macro
-  it defines is #undef'd after it. Its file ends with a marker declaration that the batch checks
-  at global scope, so a member that closes or opens braces of its own (leaving its namespace, or
-  leaving one open) fails the batch. Conditional directives must balance within each file (the
-  preprocessor checks that per file).
+  batch starts with the same include block, which the batch file includes once, first (a member
+  whose own block leaves the same preprocessed tokens and macros joins a group with another
+  block: `Batcher._group_includes`). Each macro it defines is #undef'd after it. Its file ends
+  with a marker declaration that the batch checks at global scope, so a member that closes or
+  opens braces of its own (leaving its namespace, or leaving one open) fails the batch.
+  Conditional directives must balance within each file (the preprocessor checks that per file).
 - `refusal` keeps off every source whose meaning could change inside a namespace or leak past its
   file: extern "C", asm, attributes and pragmas other than loop unrolling, operators, explicit
   specialisations, using-declarations, __COUNTER__, macros the headers also define, macros used
@@ -31,7 +32,8 @@ Each member keeps the meaning it has alone, and cannot reach another member's pr
   needs are bound to the member's namespace with --defsym (compiler.py).
 Whatever fails falls back to the member's own build (the tiers, ending with the source as
 written): a member whose errors name its file is dropped and the batch retried once without it,
-so that member's verdict comes from its own build and log. A batch that goes over a bound
+so that member's verdict comes from its own build and log (compiler.py builds it at once by the
+usual path, `NAMED_IN_ERRORS`, not split). A batch that goes over a bound
 (limits.py: memory, CPU time, output, ...) sends every member to build alone, bounded as well:
 only the member that did it fails, with its own message; the others' verdicts are unchanged. A
 batch's own log quotes every member's source, so none of it goes into a member's notes.
@@ -41,6 +43,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import hashlib
 import itertools
 import logging
 import pathlib
@@ -479,7 +482,9 @@ class Batcher:
     self.gather_s = gather_s
     self._groups: dict[tuple, _Group] = {}
     self._tasks: set[asyncio.Task] = set()  # batches in flight (a reference keeps each alive)
-    self.stats = {"batches": 0, "batched": 0, "alone": 0, "refused": 0, "failed": 0}
+    self._digests: dict[tuple, asyncio.Future] = {}  # (cmd, include block): `_digest`
+    self.stats = {"batches": 0, "batched": 0, "alone": 0, "refused": 0, "failed": 0,
+                  "extended": 0}
 
   async def compile(self, cmd: list[str], module_id: str | None, text: str, problem: str = ""
                     ) -> tuple[Batched | None, str]:
@@ -489,17 +494,71 @@ class Batcher:
     if member is None:
       self.stats["refused"] += 1
       return None, reason
-    member = dataclasses.replace(member, problem=problem)
-    key = (tuple(cmd), module_id, member.includes)
+    includes = await self._group_includes(cmd, module_id, member.includes)
+    member = dataclasses.replace(member, problem=problem, includes=includes)
+    key = (tuple(cmd), module_id, includes)
     group = self._groups.get(key)
     if group is None:
-      group = self._groups[key] = _Group(list(cmd), module_id, member.includes)
+      group = self._groups[key] = _Group(list(cmd), module_id, includes)
     future = asyncio.get_running_loop().create_future()
     group.waiting.append((member, future))
     group.arrivals += 1
     if group.dispatcher is None or group.dispatcher.done():
       group.dispatcher = asyncio.ensure_future(self._dispatch(group))
     return await future
+
+  async def _group_includes(self, cmd: list[str], module_id: str | None,
+                            includes: tuple[str, ...]) -> tuple[str, ...]:
+    """`includes`, or the include block of a group (same command) that leaves the code after
+    it exactly what `includes` leaves: the same tokens (host and device preprocessing, pragmas
+    included) and the same macros, so a member compiles in that group's batches as with its own
+    block. E.g. <cmath> or <math.h> after torch's headers, which included them already: 16 of
+    DICE's 99 phase-1 answers, which so share the batches of the 66 with the common block. Each
+    block is preprocessed once (`_digest`), the first time it meets another group."""
+    if (tuple(cmd), module_id, includes) in self._groups:
+      return includes
+    others = sorted({g.includes for g in self._groups.values()
+                     if g.cmd == cmd and g.module_id == module_id}, key=len)
+    if others:
+      mine = await self._digest(cmd, includes)
+      for other in others:
+        if mine is not None and await self._digest(cmd, other) == mine:
+          self.stats["extended"] += 1
+          return other
+    return includes
+
+  async def _digest(self, cmd: list[str], includes: tuple[str, ...]) -> str | None:
+    key = (tuple(cmd), includes)
+    if key not in self._digests:
+      self._digests[key] = asyncio.ensure_future(self._read_digest(cmd, includes))
+    return await asyncio.shield(self._digests[key])
+
+  async def _read_digest(self, cmd: list[str], includes: tuple[str, ...]) -> str | None:
+    """A hash of what the include block leaves for the code after it: its preprocessed tokens
+    (host, device) and its macros at its end. None if it does not preprocess alone."""
+    work = pathlib.Path(tempfile.mkdtemp(prefix="batch-block-", dir=self._work_dir))
+    try:
+      (work / "cuda.cu").write_text(_include_text(includes))
+      base = [a for a in cmd if a not in ("-c", "{src}", "-o", "{out}")]
+      passes = (["-Xcompiler", "-P"], ["-D__CUDA_ARCH__=900", "-Xcompiler", "-P"],
+                ["-Xcompiler", "-dM"])
+      results = await asyncio.gather(*(
+          self._run(base + extra + ["-E", "cuda.cu", "-o", f"out{i}.ii"], work)
+          for i, extra in enumerate(passes)))
+      if any(rc != 0 for rc, _ in results):
+        return None
+
+      def digest() -> str:
+        h = hashlib.sha256()
+        for i in range(len(passes)):
+          text = (work / f"out{i}.ii").read_text(errors="replace")
+          # Tokens apart from spacing; macros as a set (-dM lists them in no set order).
+          h.update("\n".join(sorted(text.splitlines()) if i == 2 else text.split()).encode())
+          h.update(b"\0")
+        return h.hexdigest()
+      return await asyncio.to_thread(digest)
+    finally:
+      shutil.rmtree(work, ignore_errors=True)
 
   async def _dispatch(self, group: _Group) -> None:
     """Gathers the group's arrivals, then hands them to a task of their own and ends, so that
