@@ -519,12 +519,11 @@ class Batcher:
       return includes
     others = sorted({g.includes for g in self._groups.values()
                      if g.cmd == cmd and g.module_id == module_id}, key=len)
-    if others:
-      mine = await self._digest(cmd, includes)
-      for other in others:
-        if mine is not None and await self._digest(cmd, other) == mine:
-          self.stats["extended"] += 1
-          return other
+    mine = await self._digest(cmd, includes) if others else None
+    for other in others if mine is not None else ():
+      if await self._digest(cmd, other) == mine:
+        self.stats["extended"] += 1
+        return other
     return includes
 
   async def _digest(self, cmd: list[str], includes: tuple[str, ...]) -> str | None:
