@@ -210,6 +210,24 @@ def test_the_next_jobs_processes_wait_ready_and_a_finished_jobs_are_gone(cpu_ser
   assert [before[n] == after[n] for n in before].count(True) == len(slots) - 1
 
 
+def test_a_stopped_server_leaves_no_job_folders(cache_dir, toolchain):
+  """At the server's stop each worker discards its next job's pair of processes, folders and all
+  (killed at once, a worker left two folders per slot in the temp folder at every stop)."""
+  srv = verifier_harness.ServerThread(
+      verifier_harness.make_config(cache_dir, cpu_test_mode=True, slots_per_gpu=2), toolchain)
+  try:
+    deadline = time.monotonic() + 60
+    while True:  # each worker forks its next job's pair once it is ready
+      folders = [d for slot in srv.scheduler.pool.slots for d in _children(slot).values()]
+      if len(folders) == 4 and all(os.path.basename(d).startswith("dice-") for d in folders):
+        break
+      assert time.monotonic() < deadline, folders
+      time.sleep(0.2)
+  finally:
+    srv.stop()
+  assert not [d for d in folders if os.path.exists(d)], folders
+
+
 def _job_cpu(srv) -> dict[str, tuple[float, float]]:
   """(sum, count) per part of the dice_verifier_job_cpu_seconds histogram."""
   registry = srv.scheduler.metrics.registry

@@ -45,6 +45,7 @@ _ENV_KEEP = ("PATH", "HOME", "LANG", "LC_", "TMPDIR", "VIRTUAL_ENV", "PYTHONPATH
 
 _READY_TIMEOUT_S = 300.0
 _KILL_GRACE_S = 15.0
+_CLOSE_GRACE_S = 5.0
 _STREAM_LIMIT = 64 << 20
 
 
@@ -100,6 +101,18 @@ class WorkerSlot:
     with contextlib.suppress(ProcessLookupError):
       os.killpg(proc.pid, signal.SIGKILL)
     await proc.wait()
+
+  async def close(self) -> None:
+    """The server's stop: end of file on the worker's stdin, so that it discards its next job's
+    pair and removes their folders (killed at once, the worker left a dice-judge-* and a
+    dice-job-* folder in the temp folder per slot at every stop); killed after _CLOSE_GRACE_S."""
+    proc = self._proc
+    if proc is not None and proc.returncode is None and proc.stdin is not None:
+      with contextlib.suppress(OSError, RuntimeError):
+        proc.stdin.close()
+      with contextlib.suppress(asyncio.TimeoutError):
+        await asyncio.wait_for(proc.wait(), _CLOSE_GRACE_S)
+    await self.stop()
 
   async def restart(self) -> None:
     self.restarts += 1
@@ -291,7 +304,7 @@ class WorkerPool:
       self._idle.put_nowait(slot)
 
   async def stop(self) -> None:
-    await asyncio.gather(*(slot.stop() for slot in self.slots))
+    await asyncio.gather(*(slot.close() for slot in self.slots))
 
   async def run(self, job: envelope.Job, timeout_s: float,
                 on_phase: Callable[[str], None] | None = None,
