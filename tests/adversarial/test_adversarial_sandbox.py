@@ -13,6 +13,7 @@ import ctypes
 import errno
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -99,6 +100,7 @@ def _fork_sandboxed(as_user: int | None, port: int, outside_file: str) -> dict:
   with os.fdopen(read_fd) as f:
     text = f.read()
   os.waitpid(pid, 0)
+  shutil.rmtree(job_dir, ignore_errors=True)
   return json.loads(text)
 
 
@@ -119,7 +121,8 @@ def outside_file(tmp_path_factory):
   with open(path, "w") as f:
     f.write("world-readable, but outside the sandbox\n")
   os.chmod(path, 0o644)
-  return path
+  yield path
+  shutil.rmtree(folder, ignore_errors=True)
 
 
 @pytest.mark.parametrize("as_user", [None, 65534], ids=["root", "ordinary-user"])
