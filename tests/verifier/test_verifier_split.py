@@ -185,6 +185,21 @@ def test_a_split_build_has_the_lite_builds_kernels_and_symbols(built):
   _same_exports(split.so_path, lite.so_path)
 
 
+def _with_split_compiler(toolchain, cache_dir, body):
+  """`body(compiler)`'s result, run with a compiler that has the split on, warmed up, and whose
+  split path is ready."""
+  async def go():
+    compiler = compile_lib.Compiler(toolchain, cache_dir,
+                                    compile_lib.CompilerOptions(max_jobs=2, split=True))
+    try:
+      await compiler.warm_up()
+      assert await asyncio.wait_for(compiler.split_ready(), 1800), compiler.split_stats()
+      return await body(compiler)
+    finally:
+      await compiler.close()
+  return asyncio.run(go())
+
+
 @_CPU_CALLS_CRASH_ON_GPU_BOXES
 def test_with_company_a_source_batches_before_it_splits(built, toolchain, cache_dir):
   """With the split on and batching on, sources compiled at the same time share a batch (per
@@ -193,19 +208,11 @@ def test_with_company_a_source_batches_before_it_splits(built, toolchain, cache_
   exts = [checks.check_candidate(kernels.cuda_candidate(GOOD, f"company_{k}")).extensions[0]
           for k in ("a", "b", "c")]
 
-  async def go():
-    compiler = compile_lib.Compiler(toolchain, cache_dir,
-                                    compile_lib.CompilerOptions(max_jobs=2, split=True))
-    try:
-      await compiler.warm_up()
-      assert await asyncio.wait_for(compiler.split_ready(), 1800), compiler.split_stats()
-      together = await asyncio.gather(*(compiler.build(ext, 900, problem=ext.name)
-                                        for ext in exts[:2]))
-      alone = await compiler.build(exts[2], 900, problem=exts[2].name)
-      return together, alone
-    finally:
-      await compiler.close()
-  together, alone = asyncio.run(go())
+  async def body(compiler):
+    together = await asyncio.gather(*(compiler.build(ext, 900, problem=ext.name)
+                                      for ext in exts[:2]))
+    return together, await compiler.build(exts[2], 900, problem=exts[2].name)
+  together, alone = _with_split_compiler(toolchain, cache_dir, body)
   assert all(r.ok for r in together + [alone]), [r.log[-2000:] for r in together + [alone]]
   assert [(r.header_tier, r.batch_size) for r in together] == [("lite", 2)] * 2, [
       (r.batch_note, r.split_note) for r in together]
@@ -221,19 +228,12 @@ def test_a_source_its_batchs_errors_name_skips_the_split(toolchain, cache_dir):
   good, broken = (checks.check_candidate(kernels.cuda_candidate(text, name)).extensions[0]
                   for text, name in ((GOOD, "mate_good"), (BROKEN, "mate_broken")))
 
-  async def go():
-    compiler = compile_lib.Compiler(toolchain, cache_dir,
-                                    compile_lib.CompilerOptions(max_jobs=2, split=True))
-    try:
-      await compiler.warm_up()
-      assert await asyncio.wait_for(compiler.split_ready(), 1800), compiler.split_stats()
-      before = dict(compiler.split_stats())
-      results = await asyncio.gather(*(compiler.build(ext, 900, problem=ext.name)
-                                       for ext in (good, broken)))
-      return results, before, dict(compiler.split_stats()), compiler.batch_stats()
-    finally:
-      await compiler.close()
-  (ok, failed), before, after, batches = asyncio.run(go())
+  async def body(compiler):
+    before = dict(compiler.split_stats())
+    results = await asyncio.gather(*(compiler.build(ext, 900, problem=ext.name)
+                                     for ext in (good, broken)))
+    return results, before, dict(compiler.split_stats()), compiler.batch_stats()
+  (ok, failed), before, after, batches = _with_split_compiler(toolchain, cache_dir, body)
   assert batches["failed"] == 1 and batches["batched"] == 0, batches  # the two were tried together
   assert not failed.ok and "s_typo" in failed.log, failed.log[-2000:]
   assert not [s for s in failed.steps if s.get("what") in ("device", "host")], failed.steps

@@ -535,27 +535,36 @@ class Batcher:
   async def _read_digest(self, cmd: list[str], includes: tuple[str, ...]) -> str | None:
     """A hash of what the include block leaves for the code after it: its preprocessed tokens
     (host, device) and its macros at its end. None if it does not preprocess alone."""
+    try:
+      host, device, macros = await self._preprocessed(
+          cmd, includes, (["-Xcompiler", "-P"], ["-D__CUDA_ARCH__=900", "-Xcompiler", "-P"],
+                          ["-Xcompiler", "-dM"]))
+    except compile_procs.ProcessFailed:
+      return None
+
+    def digest() -> str:
+      h = hashlib.sha256()
+      # Tokens apart from spacing; macros as a set (-dM lists them in no set order).
+      for part in (host.split(), device.split(), sorted(macros.splitlines())):
+        h.update("\n".join(part).encode() + b"\0")
+      return h.hexdigest()
+    return await asyncio.to_thread(digest)
+
+  async def _preprocessed(self, cmd: list[str], includes: tuple[str, ...],
+                          passes: tuple[list[str], ...]) -> list[str]:
+    """The include block alone through `cmd`'s preprocessor, once per pass (extra flags each),
+    at once: the outputs. Raises ProcessFailed if a pass fails."""
     work = pathlib.Path(tempfile.mkdtemp(prefix="batch-block-", dir=self._work_dir))
     try:
       (work / "cuda.cu").write_text(_include_text(includes))
       base = [a for a in cmd if a not in ("-c", "{src}", "-o", "{out}")]
-      passes = (["-Xcompiler", "-P"], ["-D__CUDA_ARCH__=900", "-Xcompiler", "-P"],
-                ["-Xcompiler", "-dM"])
-      results = await asyncio.gather(*(
+      for rc, output in await asyncio.gather(*(
           self._run(base + extra + ["-E", "cuda.cu", "-o", f"out{i}.ii"], work)
-          for i, extra in enumerate(passes)))
-      if any(rc != 0 for rc, _ in results):
-        return None
-
-      def digest() -> str:
-        h = hashlib.sha256()
-        for i in range(len(passes)):
-          text = (work / f"out{i}.ii").read_text(errors="replace")
-          # Tokens apart from spacing; macros as a set (-dM lists them in no set order).
-          h.update("\n".join(sorted(text.splitlines()) if i == 2 else text.split()).encode())
-          h.update(b"\0")
-        return h.hexdigest()
-      return await asyncio.to_thread(digest)
+          for i, extra in enumerate(passes))):
+        if rc != 0:
+          raise compile_procs.ProcessFailed(output)
+      return await asyncio.to_thread(lambda: [
+          (work / f"out{i}.ii").read_text(errors="replace") for i in range(len(passes))])
     finally:
       shutil.rmtree(work, ignore_errors=True)
 
@@ -672,21 +681,10 @@ class Batcher:
 
   async def _read_names(self, group: _Group) -> tuple[frozenset[str], frozenset[str]]:
     """The include block's global names (host and device preprocessing) and macros."""
-    work = pathlib.Path(tempfile.mkdtemp(prefix="batch-names-", dir=self._work_dir))
-    try:
-      (work / "cuda.cu").write_text(_include_text(group.includes))
-      base = [a for a in group.cmd if a not in ("-c", "{src}", "-o", "{out}")]
-      runs = [self._run(base + extra + ["-E", "cuda.cu", "-o", f"out{i}.ii"], work)
-              for i, extra in enumerate(([], ["-D__CUDA_ARCH__=900"], ["-Xcompiler", "-dM"]))]
-      for rc, output in await asyncio.gather(*runs):
-        if rc != 0:
-          raise compile_procs.ProcessFailed(output)
-      read = lambda i: (work / f"out{i}.ii").read_text(errors="replace")
-      names = await asyncio.to_thread(lambda: global_names(read(0)) | global_names(read(1)))
-      macros = frozenset(re.findall(r"^#define (\w+)", read(2), re.M))
-      return names, macros
-    finally:
-      shutil.rmtree(work, ignore_errors=True)
+    host, device, macros = await self._preprocessed(
+        group.cmd, group.includes, ([], ["-D__CUDA_ARCH__=900"], ["-Xcompiler", "-dM"]))
+    names = await asyncio.to_thread(lambda: global_names(host) | global_names(device))
+    return names, frozenset(re.findall(r"^#define (\w+)", macros, re.M))
 
   def _prefix_object(self, group: _Group) -> asyncio.Future:
     """What the include block's own object runs at load time (None if it does not build): a

@@ -40,11 +40,11 @@ it fast (each measured in `benchmarks/verifier_compile.py`):
    refuses, but not one its batch's errors name, which takes the usual path at once; batches
    come first, point 6: a split build's CPU is all fixed cost) is built in two halves, its
    device code by nvcc without torch's headers and its host code by g++ against a precompiled
-   lite header, then linked. Sources the cut refuses (split_source.py) and halves
-   that fail take the usual path, which decides the verdict. BuildResult.header_tier is "split"
-   for those it built; `split_note` says why another was not; `split_stats` counts both. With
-   it, the device halves' preprocessing passes run on the candidate's code after a snapshot of
-   the headers' macros (rest_preprocess.py; `split_preprocess`, on with the split).
+   lite header, then linked. Sources the cut refuses (split_source.py) and halves that fail
+   take the usual path, which decides the verdict. BuildResult.header_tier is "split" for those
+   it built; `split_note` says why another was not; `split_stats` counts both. With it, the
+   device halves' preprocessing passes run on the candidate's code after a snapshot of the
+   headers' macros (rest_preprocess.py; `split_preprocess`, on with the split).
 
 Each build's processes (start, wait, wall) are recorded in `BuildResult.steps` (procs.Trace).
 
@@ -605,19 +605,20 @@ class Compiler:
     level = header_tiers.original_level(cuda_text)
     env = await self._envs.ensure(self._nvcc_argv(flags), level) if (tiers and level) else None
     variants, notes = header_tiers.plan(cuda_text, env, tiers)
-    if may_split and self._split is not None and variants[0][0] == LITE:
-      if may_batch and self._batcher is not None and self._building > 1:
-        # With company, a batch first: per member it costs a fraction of a split build, whose
-        # CPU is all fixed cost (BENCHMARKS.md, "Batches before the split"); the split serves
-        # the lone ones and those no batch takes.
-        batched, why = await self._batch(flags, env, variants[0][1], problem)
-        if batched is not None:
-          return batched, LITE, notes
-        notes["batch"], may_batch = why, False
-        # Named in its batch's errors, it most likely does not compile: a split build would
-        # fail first (both halves compiled, ~4 CPU-s), then the lite build below give its log.
-        may_split = why != batch_lib.NAMED_IN_ERRORS
-    if may_split and self._split is not None and variants[0][0] == LITE:
+    splittable = may_split and self._split is not None and variants[0][0] == LITE
+    if splittable and may_batch and self._batcher is not None and self._building > 1:
+      # With company, a batch first: per member it costs a fraction of a split build, whose CPU
+      # is all fixed cost (BENCHMARKS.md, "Batches before the split"); the split serves the lone
+      # ones and those no batch takes.
+      batched, why = await self._batch(flags, env, variants[0][1], problem)
+      if batched is not None:
+        return batched, LITE, notes
+      notes["batch"], may_batch = why, False
+      # Named in its batch's errors, it most likely does not compile: a split build would fail
+      # first (both halves compiled, ~4 CPU-s), then the lite build below give its log.
+      splittable = why != batch_lib.NAMED_IN_ERRORS
+    if splittable:
+      assert self._split is not None
       halves, why = await self._split.compile(flags, cuda_text, env, self._envs.folder(env.key),
                                               self._split_argv(flags, env))
       if halves is not None:

@@ -61,8 +61,8 @@ class ServerConfig:
   # cuda.cu in two halves where the cut accepts it and no batch takes it (batches come first):
   # device code by nvcc without torch, host code by g++ against a precompiled lite header
   # (compile/device_split.py); every source it refuses, and every half that fails, takes the
-  # usual path. Off by default: it paid on DICE-sized kernels
-  # on an H200 box (BENCHMARKS.md), which is the only workload it has been measured on there.
+  # usual path. Off by default: it paid on DICE-sized kernels on an H200 box (BENCHMARKS.md),
+  # which is the only workload it has been measured on there.
   compile_split: bool = False
   # With compile_split: the device halves' two preprocessing passes run on the candidate's code
   # after a snapshot of their headers' macros, checked against the usual pass (rest_preprocess.py).
