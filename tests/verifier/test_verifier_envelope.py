@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -111,3 +112,26 @@ def test_a_worker_answers_a_job_it_refuses_and_goes_on(tmp_path):
   assert "unknown ['priority']" in done[0]["status"]["error"]
   assert "not JSON" in done[1]["status"]["error"]
   assert "Job.memory_scale: expected int, got str" in done[2]["status"]["error"]
+
+
+def test_a_worker_whose_pool_went_away_exits_with_one_line_and_no_folders(tmp_path):
+  """A worker whose pool closed its pipe (its server killed: a benchmark's stage limit) exits on
+  its next write with one line, no traceback, and leaves no job folder behind (its standby pair,
+  forked ahead, is discarded)."""
+  proc = subprocess.Popen(
+      [sys.executable, "-m", "verifier_service.worker", "--device", "cpu",
+       "--sandbox", json.dumps({"enabled": False})],
+      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+      env=dict(os.environ, TMPDIR=str(tmp_path)))
+  assert proc.stdout is not None and proc.stdin is not None
+  assert json.loads(proc.stdout.readline())["type"] == "ready"
+  deadline = time.monotonic() + 60
+  while not list(tmp_path.glob("dice-*")) and time.monotonic() < deadline:
+    time.sleep(0.1)
+  assert list(tmp_path.glob("dice-*")), "no standby pair was forked"
+  proc.stdout.close()
+  _, stderr = proc.communicate(_JOB.dumps().encode() + b"\n", timeout=300)
+  text = stderr.decode(errors="replace")
+  assert proc.returncode == 1, text[-2000:]
+  assert "the pool's pipe closed" in text and "Traceback" not in text, text[-2000:]
+  assert list(tmp_path.glob("dice-*")) == [], list(tmp_path.iterdir())

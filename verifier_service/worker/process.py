@@ -359,7 +359,14 @@ def main(argv: list[str] | None = None) -> None:
   out = os.fdopen(os.dup(1), "w", buffering=1)
   os.dup2(2, 1)
   sys.stdout = sys.stderr
-  serve(args.device, out, json.loads(args.sandbox))
+  try:
+    serve(args.device, out, json.loads(args.sandbox))
+  except BrokenPipeError:
+    # The pool is gone (its server stopped or was killed) while this worker wrote to it; `serve`
+    # has closed its slot (the standby pair and its folders). Nothing is left to tell anyone.
+    os.dup2(os.open(os.devnull, os.O_WRONLY), out.fileno())  # the exit's flush must not raise
+    print("verifier worker: the pool's pipe closed; exiting", file=sys.stderr)
+    sys.exit(1)
 
 
 if __name__ == "__main__":
