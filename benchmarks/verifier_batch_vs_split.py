@@ -11,6 +11,8 @@ caches its main.cpp and warms the fork servers). Then, each cuda.cu made new by 
           a split build, which is what each candidate cost before batches came first.
 CPU seconds are the sum of every build step's CPU as the exec wrapper measured it (a fork server's
 child included); prints per variant the mean per candidate and the ratio split / batch.
+`--small-batch N` sets batch.SMALL_BATCH (batches of N or fewer that the split could serve are
+not built; 2 by default): `--count 2 --small-batch 1` measures a batch of two.
 
   TORCH_CUDA_ARCH_LIST=9.0 python benchmarks/verifier_batch_vs_split.py --count 8
 """
@@ -22,6 +24,7 @@ import os
 import pathlib
 import tempfile
 
+from verifier_service.compile import batch as batch_lib
 from verifier_service.compile import compiler as compile_lib
 from verifier_service.compile import toolchain as toolchain_lib
 
@@ -33,6 +36,7 @@ def _cpu(results: list[compile_lib.BuildResult]) -> float:
 
 
 async def main(args) -> None:
+  batch_lib.SMALL_BATCH = args.small_batch
   toolchain = toolchain_lib.discover()
   cache = pathlib.Path(args.cache_dir or tempfile.mkdtemp(prefix="batch-split-"))
   options = dict(max_jobs=args.jobs, split=True, warm_front_ends=True)
@@ -66,4 +70,7 @@ async def main(args) -> None:
 
 
 if __name__ == "__main__":
-  asyncio.run(main(dice_parser(__doc__, 8, "candidates in the burst").parse_args()))
+  parser = dice_parser(__doc__, 8, "candidates in the burst")
+  parser.add_argument("--small-batch", type=int, default=batch_lib.SMALL_BATCH,
+                      help="batch.SMALL_BATCH for this run")
+  asyncio.run(main(parser.parse_args()))

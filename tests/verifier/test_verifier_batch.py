@@ -185,6 +185,35 @@ def test_members_arriving_while_a_batch_compiles_get_a_batch_of_their_own(tmp_pa
   assert compiled.count(["m0/cuda.cu", "m1/cuda.cu"]) == 2 and stats["failed"] == 2
 
 
+def test_a_batch_too_small_to_pay_is_not_built_when_its_members_split(tmp_path):
+  """Two members that the split path would build (`alone_ok`) are told to build alone without a
+  batch compile (batch.SMALL_BATCH); two where one has no such way, and three that all have,
+  are compiled as a batch (the stand-in's objects then fail the check)."""
+  compiled = []
+
+  async def compile_fn(cmd, text, filename, module_id, files):
+    if files:  # a batch (not the include block's own object)
+      compiled.append(len(files))
+    return str(tmp_path / "missing.o"), ""
+
+  async def together(alone_ok):
+    batcher = _stand_in(tmp_path, compile_fn)
+    return await asyncio.wait_for(asyncio.gather(*(
+        batcher.compile(["nvcc"], None, _KERNEL, str(i), ok) for i, ok in enumerate(alone_ok))), 10)
+
+  pair = asyncio.run(together([True, True]))
+  assert pair == [(None, batch.SMALL)] * 2 and compiled == []
+  for alone_ok in ([True, False], [True, True, True]):
+    results = asyncio.run(together(alone_ok))
+    assert all(why.startswith("its batch was not used") for _, why in results), results
+    assert compiled.pop() == len(alone_ok), compiled
+  member, _ = _member("__global__ void k() {}")
+  pairs = lambda *ok: [(dataclasses.replace(member, alone_ok=o), None) for o in ok]
+  assert [batch.worth_a_batch(pairs(*ok)) for ok in (
+      [True], [False], [True, True], [True, False], [True, True, True])] == [
+          False, False, False, True, True]
+
+
 def test_the_include_blocks_own_object_compiles_alongside_the_first_batch(tmp_path):
   """The object every batch of a group is checked against (the include block alone) starts
   compiling when the group's first batch is planned, not once that batch has compiled: the two

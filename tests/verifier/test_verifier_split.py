@@ -18,6 +18,7 @@ import textwrap
 
 import pytest
 
+from verifier_service.compile import batch as batch_lib
 from verifier_service.compile import checks
 from verifier_service.compile import compiler as compile_lib
 
@@ -202,44 +203,52 @@ def _with_split_compiler(toolchain, cache_dir, body):
 
 @_CPU_CALLS_CRASH_ON_GPU_BOXES
 def test_with_company_a_source_batches_before_it_splits(built, toolchain, cache_dir):
-  """With the split on and batching on, sources compiled at the same time share a batch (per
-  member a fraction of a split build's fixed cost: BENCHMARKS.md, "Batches before the split");
-  a lone source still splits. The batched modules answer as the split one."""
+  """With the split on and batching on, three sources compiled at the same time share a batch
+  (per member a fraction of a split build's fixed cost: BENCHMARKS.md, "Batches before the
+  split"); two at once that the split accepts split instead (a batch of two costs more:
+  batch.SMALL_BATCH). The batched modules answer as the split ones."""
   exts = [checks.check_candidate(kernels.cuda_candidate(GOOD, f"company_{k}")).extensions[0]
-          for k in ("a", "b", "c")]
+          for k in "abcde"]
 
   async def body(compiler):
-    together = await asyncio.gather(*(compiler.build(ext, 900, problem=ext.name)
-                                      for ext in exts[:2]))
-    return together, await compiler.build(exts[2], 900, problem=exts[2].name)
-  together, alone = _with_split_compiler(toolchain, cache_dir, body)
-  assert all(r.ok for r in together + [alone]), [r.log[-2000:] for r in together + [alone]]
-  assert [(r.header_tier, r.batch_size) for r in together] == [("lite", 2)] * 2, [
-      (r.batch_note, r.split_note) for r in together]
-  assert (alone.header_tier, alone.batch_size) == ("split", 0), alone.batch_note
-  answers = _call(*(r.so_path for r in together + [alone]))
-  assert answers[0][0] == answers[1][0] == answers[2][0] == [3.0] * 3
+    three = await asyncio.gather(*(compiler.build(ext, 900, problem=ext.name)
+                                   for ext in exts[:3]))
+    two = await asyncio.gather(*(compiler.build(ext, 900, problem=ext.name)
+                                 for ext in exts[3:]))
+    return three, two, compiler.batch_stats()
+  three, two, stats = _with_split_compiler(toolchain, cache_dir, body)
+  assert all(r.ok for r in three + two), [r.log[-2000:] for r in three + two]
+  assert [(r.header_tier, r.batch_size) for r in three] == [("lite", 3)] * 3, [
+      (r.batch_note, r.split_note) for r in three]
+  assert [(r.header_tier, r.batch_size, r.batch_note) for r in two] == [
+      ("split", 0, batch_lib.SMALL)] * 2, [(r.batch_note, r.split_note) for r in two]
+  assert (stats["batches"], stats["batched"]) == (1, 3), stats
+  answers = _call(*(r.so_path for r in three + two))
+  assert [a[0] for a in answers] == [[3.0] * 3] * 5, answers
 
 
 def test_a_source_its_batchs_errors_name_skips_the_split(toolchain, cache_dir):
   """With the split on, a source that breaks its batch (its own code named in the errors) is
   built the usual way at once, which gives its compile error; no split build is tried for it
-  (both halves would fail first). Its batch mate, alone then, splits."""
-  good, broken = (checks.check_candidate(kernels.cuda_candidate(text, name)).extensions[0]
-                  for text, name in ((GOOD, "mate_good"), (BROKEN, "mate_broken")))
+  (both halves would fail first). Its two batch mates, too few then for another batch
+  (batch.SMALL_BATCH), split."""
+  good = [checks.check_candidate(kernels.cuda_candidate(GOOD, f"mate_good_{k}")).extensions[0]
+          for k in "ab"]
+  broken = checks.check_candidate(kernels.cuda_candidate(BROKEN, "mate_broken")).extensions[0]
 
   async def body(compiler):
     before = dict(compiler.split_stats())
     results = await asyncio.gather(*(compiler.build(ext, 900, problem=ext.name)
-                                     for ext in (good, broken)))
+                                     for ext in (*good, broken)))
     return results, before, dict(compiler.split_stats()), compiler.batch_stats()
-  (ok, failed), before, after, batches = _with_split_compiler(toolchain, cache_dir, body)
-  assert batches["failed"] == 1 and batches["batched"] == 0, batches  # the two were tried together
+  (*ok, failed), before, after, batches = _with_split_compiler(toolchain, cache_dir, body)
+  assert batches["failed"] == 1 and batches["batched"] == 0, batches  # tried together, no retry
   assert not failed.ok and "s_typo" in failed.log, failed.log[-2000:]
   assert not [s for s in failed.steps if s.get("what") in ("device", "host")], failed.steps
-  assert ok.ok and ok.header_tier == "split", (ok.batch_note, ok.split_note)
-  assert ok.batch_note.startswith("its batch was not used"), ok.batch_note
-  assert (after["split"] - before["split"], after["failed"] - before["failed"]) == (1, 0), after
+  for result in ok:
+    assert result.ok and result.header_tier == "split", (result.batch_note, result.split_note)
+    assert result.batch_note.startswith("its batch was not used"), result.batch_note
+  assert (after["split"] - before["split"], after["failed"] - before["failed"]) == (2, 0), after
 
 
 @_CPU_CALLS_CRASH_ON_GPU_BOXES

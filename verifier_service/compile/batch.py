@@ -70,11 +70,18 @@ def _as_is(argv: list[str], reads: tuple[str, ...]) -> list[str]:
   return argv
 
 MAX_MEMBERS = 16
+# A batch of at most this many is not built when every member has a cheaper way alone (the
+# split path, device_split.py). Decision, H200-16 RL bursts of 2026-12-05 (BENCHMARKS.md, "Runs
+# 9-12"): a batch of 2 cost 6.9-17.3 CPU-s (median 11.6, ten batches: three gcc runs over the
+# headers, cudafe++ and cicc, cold when no warm front end matched), a split build's cuda.cu
+# 3.1-3.8 (means); batches of 3 cost 6.7 and 11.3, of 7-10 about 1.3 a member.
+SMALL_BATCH = 2
 GATHER_S = 0.15  # a burst's requests arrive within this of each other
 GATHER_MAX_S = 1.0
 # Why a member was not batched when the batch's own errors name its code: it most likely does not
 # compile at all (compiler.py then builds it the usual way at once, which gives its own log).
 NAMED_IN_ERRORS = "its code is named in its batch's errors; built alone"
+SMALL = f"a batch of {SMALL_BATCH} or fewer costs more than the split path alone"
 MEMBER_FILE = "m{index}/cuda.cu"
 
 _COMMENT_RE = header_tiers.STRIP_RE  # comments and literals
@@ -116,6 +123,7 @@ class Member:
   declared: frozenset[str]  # names it declares at namespace scope (over-approximated)
   scope_names: frozenset[str]  # identifiers it uses at namespace scope (macro check)
   problem: str = ""  # the reference it is verified against: one member per problem in a batch
+  alone_ok: bool = False  # it has a cheaper way alone than a small batch (the split path)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -486,16 +494,17 @@ class Batcher:
     self.stats = {"batches": 0, "batched": 0, "alone": 0, "refused": 0, "failed": 0,
                   "extended": 0}
 
-  async def compile(self, cmd: list[str], module_id: str | None, text: str, problem: str = ""
-                    ) -> tuple[Batched | None, str]:
+  async def compile(self, cmd: list[str], module_id: str | None, text: str, problem: str = "",
+                    alone_ok: bool = False) -> tuple[Batched | None, str]:
     """The object `text` (a light-tier cuda.cu) gets from a batch, or None and why not. Members
-    with the same non-empty `problem` never share a batch."""
+    with the same non-empty `problem` never share a batch; `alone_ok` members (a cheaper way
+    alone) share none of SMALL_BATCH or fewer members that are all `alone_ok`."""
     member, reason = split_member(text)
     if member is None:
       self.stats["refused"] += 1
       return None, reason
     includes = await self._group_includes(cmd, module_id, member.includes)
-    member = dataclasses.replace(member, problem=problem, includes=includes)
+    member = dataclasses.replace(member, problem=problem, includes=includes, alone_ok=alone_ok)
     key = (tuple(cmd), module_id, includes)
     group = self._groups.get(key)
     if group is None:
@@ -597,6 +606,9 @@ class Batcher:
     if len(taken) < 2:
       self._alone(taken, "no other compile to share one with")
       return
+    if not worth_a_batch(taken):
+      self._alone(taken, SMALL)
+      return
     try:
       names, macros = await self._names(group)
     except compile_procs.ProcessFailed as e:
@@ -611,12 +623,14 @@ class Batcher:
       else:
         members.append((member, future))
     planned = chunks(members, self.max_members)
-    if any(len(chunk) > 1 for chunk in planned):
+    if any(worth_a_batch(chunk) for chunk in planned):
       self._prefix_object(group)  # compiles alongside the batches, which check against it
     runs = []
     for chunk in planned:
       if len(chunk) == 1:
         self._alone(chunk, "no other compile (of another problem) to share one with")
+      elif not worth_a_batch(chunk):
+        self._alone(chunk, SMALL)
       else:
         runs.append(asyncio.ensure_future(self._run_batch(group, chunk)))
     await asyncio.gather(*runs, return_exceptions=True)
@@ -650,7 +664,7 @@ class Batcher:
       for i in culprits:
         _resolve(members[i][1], None, NAMED_IN_ERRORS)
       rest = [pair for i, pair in enumerate(members) if i not in culprits]
-      if culprits and not retried and len(rest) >= 2:
+      if culprits and not retried and worth_a_batch(rest):
         await self._run_batch(group, rest, retried=True)
         return
       log.info("a batch of %d did not compile:\n%s", len(members), e.log[-2000:])
@@ -718,6 +732,12 @@ def chunks(members: list[tuple[Member, asyncio.Future]], size: int
     else:
       home.append(pair)
   return out
+
+
+def worth_a_batch(members: list[tuple[Member, asyncio.Future]]) -> bool:
+  """Two members or more, and more than SMALL_BATCH unless one has no cheaper way alone."""
+  return len(members) > 1 and (len(members) > SMALL_BATCH
+                               or not all(m.alone_ok for m, _ in members))
 
 
 def _include_text(includes: tuple[str, ...]) -> str:

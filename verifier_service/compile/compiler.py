@@ -609,8 +609,11 @@ class Compiler:
     if splittable and may_batch and self._batcher is not None and self._building > 1:
       # With company, a batch first: per member it costs a fraction of a split build, whose CPU
       # is all fixed cost (BENCHMARKS.md, "Batches before the split"); the split serves the lone
-      # ones and those no batch takes.
-      batched, why = await self._batch(flags, env, variants[0][1], problem)
+      # ones, those no batch takes and, where it accepts them, the members of batches too small
+      # to pay (batch.SMALL_BATCH).
+      assert self._split is not None
+      alone_ok = self._split.accepts(cuda_text, env, self._envs.folder(env.key))
+      batched, why = await self._batch(flags, env, variants[0][1], problem, alone_ok)
       if batched is not None:
         return batched, LITE, notes
       notes["batch"], may_batch = why, False
@@ -648,12 +651,14 @@ class Compiler:
     raise AssertionError("plan() always ends with the original source")
 
   async def _batch(self, flags: buildspec.BuildFlags, env: header_tiers.Environment | None,
-                   text: str, problem: str) -> tuple[batch_lib.Batched | None, str]:
-    """The lite-tier `text` in a batch (batch.py): (member, "") or (None, why not)."""
+                   text: str, problem: str, alone_ok: bool = False
+                   ) -> tuple[batch_lib.Batched | None, str]:
+    """The lite-tier `text` in a batch (batch.py): (member, "") or (None, why not). `alone_ok`:
+    the split path would build it (cheaper than a small batch)."""
     assert self._batcher is not None
     cmd, module_id = self._cuda_command(flags, env, LITE)
     shared = [a for a in cmd if not pch_lib.NAME_DEFINE_RE.match(a)]
-    return await self._batcher.compile(shared, module_id, text, problem)
+    return await self._batcher.compile(shared, module_id, text, problem, alone_ok)
 
   def _split_argv(self, flags: buildspec.BuildFlags, env: header_tiers.Environment) -> list[str]:
     """nvcc's command (no -c/-o, no extension name) at the lite tier: the split's names are the

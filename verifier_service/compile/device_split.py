@@ -113,23 +113,43 @@ class DeviceSplit:
                                         HEADER, "the lite torch headers for split host code")
     return header.precompiled
 
+  def accepts(self, cuda_text: str, env: header_tiers.Environment, folder: pathlib.Path
+              ) -> bool:
+    """Whether `compile` would build `cuda_text` now (its environment's names and header
+    ready, the source not refused), without building anything."""
+    ready = self._ready(env, folder)
+    if isinstance(ready, str):
+      return False
+    try:
+      split_source.plan(cuda_text, ready[0])
+    except split_source.Refused:
+      return False
+    return True
+
+  def _ready(self, env: header_tiers.Environment, folder: pathlib.Path
+             ) -> tuple[split_source.Names, split_names.HostCommand, pch_lib.Header] | str:
+    """The environment's names, host command and precompiled header, or why they are not ready."""
+    found = self._names.ready(folder)
+    if found is None:
+      return "its names are not computed yet"
+    names, host = found
+    header = self._headers.ready(
+        self._headers.folder((host.compiler,), host.flags, self._header_text(env)), HEADER)
+    if header is None:
+      return "its precompiled header is not built yet"
+    return names, host, header
+
   async def compile(self, flags: buildspec.BuildFlags, cuda_text: str,
                     env: header_tiers.Environment, folder: pathlib.Path,
                     nvcc_argv: list[str]) -> tuple[Halves | None, str]:
     """Both halves of `cuda_text` (at the lite tier's level `env`), or None and why not.
     Raises procs.LimitExceeded (final for the build)."""
-    found = self._names.ready(folder)
-    if found is None:
+    ready = self._ready(env, folder)
+    if isinstance(ready, str):
       self.prepare(env, folder, nvcc_argv)
       self.stats["not_ready"] += 1
-      return None, "its names are not computed yet"
-    names, host = found
-    header = self._headers.ready(
-        self._headers.folder((host.compiler,), host.flags, self._header_text(env)), HEADER)
-    if header is None:
-      self.prepare(env, folder, nvcc_argv)
-      self.stats["not_ready"] += 1
-      return None, "its precompiled header is not built yet"
+      return None, ready
+    names, host, header = ready
     try:
       split = split_source.plan(cuda_text, names)
     except split_source.Refused as e:
