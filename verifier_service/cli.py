@@ -211,6 +211,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help="fork each job's processes when the job comes and wait for their exits "
                           "before its verdict (default: the next job's are forked and set up while "
                           "a job runs, and exits come after the verdict)")
+  serve.add_argument("--standby-setup-at-fork", action="store_true",
+                     help="the next job's processes make their CUDA contexts as soon as they are "
+                          "forked, not once the running job's timing is over (experimental: "
+                          "not yet measured on a GPU)")
   serve.add_argument("--program-cache-size", type=int, default=defaults.program_cache_size,
                      help="verdicts kept by program, so the same candidate for the same problem, "
                           "comments and layout aside, is answered without running again "
@@ -461,6 +465,7 @@ def main(argv: list[str] | None = None) -> int:
                      run_budget_floor_s=args.run_budget_floor,
                      run_budget_slowdown=args.run_budget_slowdown,
                      standby_processes=not args.no_standby,
+                     standby_setup_at_fork=args.standby_setup_at_fork,
                      program_cache_size=args.program_cache_size)
     try:
       asyncio.run(server.serve(config, insecure=args.insecure, stop_on_stdin_eof=args.stop_on_stdin_eof))

@@ -36,8 +36,8 @@ def verify(srv, call: str, request_id: str | None = None, candidate: str | None 
 def _worker_seconds(srv) -> dict[str, tuple[float, float]]:
   """(sum, count) per part of the dice_verifier_worker_seconds histogram."""
   registry = srv.scheduler.metrics.registry
-  parts = ("slot", "total", "fork", "stage_modules", "standby", "standby_age", "judge_start",
-           "judge_run", "exit", "merge", "cleanup")
+  parts = ("slot", "total", "fork", "stage_modules", "standby", "standby_age", "standby_lead",
+           "judge_start", "judge_run", "exit", "merge", "cleanup")
   return {p: (registry.get_sample_value("dice_verifier_worker_seconds_sum", {"part": p}) or 0.0,
               registry.get_sample_value("dice_verifier_worker_seconds_count", {"part": p}) or 0.0)
           for p in parts}
@@ -208,6 +208,34 @@ def test_the_next_jobs_processes_wait_ready_and_a_finished_jobs_are_gone(cpu_ser
   used = [name for name in before if not set(before[name]) & set(after[name])]
   assert len(used) == 1, (before, after)  # one slot ran the job with its pair, and made another
   assert [before[n] == after[n] for n in before].count(True) == len(slots) - 1
+
+
+def _standby_times(srv) -> tuple[float, float]:
+  """(standby_age, standby_lead) of one job: since its pair was forked, and since it was told to
+  set up, when the job came."""
+  before = _worker_seconds(srv)
+  assert verify(srv, "scaled_add").outcome == pb.OK
+  after = _worker_seconds(srv)
+  assert after["standby_lead"][1] - before["standby_lead"][1] == 1, (before, after)
+  return tuple(after[p][0] - before[p][0] for p in ("standby_age", "standby_lead"))
+
+
+def test_the_next_pair_sets_up_after_the_timing_or_at_its_fork(cache_dir, toolchain):
+  """By default a job's pair was told to set up only once the previous job's timing was over
+  (well after its fork, which came at that job's start); with standby_setup_at_fork as soon as it
+  was forked. One slot, so the measured job takes the pair forked during the first."""
+  times = {}
+  for at_fork in (False, True):
+    srv = verifier_harness.ServerThread(verifier_harness.make_config(
+        cache_dir, cpu_test_mode=True, slots_per_gpu=1, standby_setup_at_fork=at_fork), toolchain)
+    try:
+      assert verify(srv, "scaled_add").outcome == pb.OK
+      times[at_fork] = _standby_times(srv)
+    finally:
+      srv.stop()
+  (age, lead), (age_at_fork, lead_at_fork) = times[False], times[True]
+  assert 0 < lead < age - 0.05, times
+  assert 0 <= age_at_fork - lead_at_fork < 0.05 and lead_at_fork > 0, times
 
 
 def test_a_stopped_server_leaves_no_job_folders(cache_dir, toolchain):

@@ -109,6 +109,12 @@ class ServerConfig:
   # contexts once that job's timing is over; a finished job's processes exit after its verdict is
   # sent (worker/pair.py). False: fork per job, reap before the verdict.
   standby_processes: bool = True
+  # True: the next job's pair makes its CUDA contexts as soon as it is forked (while the running
+  # job loads, checks and times), not once that job's timing is over. Off until measured on the
+  # H200: the set-up left after a job is handed over (`judge_start`) was 0.49-0.50 s of a slot's
+  # 2.6-2.8 s per job (BENCHMARKS.md, runs 9-12), and a context made while the slot's own judge
+  # times may move that timing (other slots' jobs already overlap it).
+  standby_setup_at_fork: bool = False
   # Verdicts kept by program (service/text_key.py: the same problem, options and candidate but
   # for comments and layout); 0: only exact resends of a request id are answered from a cache.
   program_cache_size: int = 10_000
@@ -151,6 +157,7 @@ class ServerConfig:
             "gpu_memory_fraction": self.gpu_memory_fraction or 0.45 / slots,
             "judge_gpu_memory_fraction": 0.45 / slots, "timing_core": self.timing_core,
             "standby": self.standby_processes,
+            "standby_setup": "fork" if self.standby_setup_at_fork else "timed",
             "read_only": [cuda_root] if cuda_root else []}
 
 

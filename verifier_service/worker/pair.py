@@ -181,6 +181,7 @@ class Pair:
     self.judge_dir, self.cand_dir = judge_dir, cand_dir
     self.processes = [judge, candidate]
     self.set_up = False
+    self.set_up_at = 0.0  # when `setup` was called
     self.forked_at = time.monotonic()
     self.job_id = ""  # the job it was handed (start); "" for a pair that never got one
 
@@ -229,7 +230,7 @@ class Pair:
   def setup(self) -> None:
     """Lets both processes make their trusted setup now (once)."""
     if not self.set_up:
-      self.set_up = True
+      self.set_up, self.set_up_at = True, time.monotonic()
       for process in self.processes:
         with contextlib.suppress(OSError):
           os.write(process.start_fd, b"s")

@@ -41,7 +41,8 @@ cache.
 
 Ahead of the job (worker/pair.py): while a job runs, the next job's pair is already forked and makes
 its CUDA contexts once the running judge's timing is over (`standby`, on unless the spec says
-otherwise), and a finished job's processes exit after its verdict is sent, not before. A job whose
+otherwise; `standby_setup: "fork"` makes them as soon as the pair is forked), and a finished job's
+processes exit after its verdict is sent, not before. A job whose
 sandbox settings differ from the slot's (a retry alone on its GPU, with every slot's memory) gets
 a pair forked for it.
 
@@ -154,6 +155,7 @@ class _Slot:
   def __init__(self, device: str, spec: dict[str, Any], out: TextIO):
     self.device, self.spec, self.out = device, spec, out
     self.standby_on = bool(spec.get("standby", True))
+    self.setup_at_fork = spec.get("standby_setup") == "fork"
     self.standby: pair_lib.Pair | None = None
     self.retiring: list[pair_lib.Pair] = []
 
@@ -161,22 +163,26 @@ class _Slot:
     spec = _scaled(self.spec, job.memory_scale)
     if not self.standby_on:  # each job forked for it and reaped before its verdict is sent
       return run_job(job, self.device, spec, out)
-    pair, waited = None, 0.0
+    pair, waited, lead = None, 0.0, 0.0
     if spec is self.spec and self.standby is not None:
       pair, self.standby = self.standby, None
       if not pair.alive():  # a standby process died while waiting: not this job's to pay for
         pair.discard()
         pair = None
       else:
-        waited = time.monotonic() - pair.forked_at
+        now = time.monotonic()
+        waited, lead = now - pair.forked_at, (now - pair.set_up_at if pair.set_up else 0.0)
     done = run_job(job, self.device, spec, out, pair=pair, before_serving=self.prepare_next,
                    on_timed=self.set_up_next)
     done["worker_timings"]["standby_age"] = round(waited, 4)
+    if pair is not None:  # how long its set-up had before the job came (0: none)
+      done["worker_timings"]["standby_lead"] = round(lead, 4)
     self.set_up_next()
     return done
 
   def prepare_next(self, running: pair_lib.Pair | None) -> None:
-    """Forks the next job's pair while this one runs; it sets up once this one's timing is over."""
+    """Forks the next job's pair while this one runs; it sets up once this one's timing is over,
+    or at once with `standby_setup: "fork"`."""
     if running is not None:
       self.retiring.append(running)
     if self.standby_on and self.standby is None:
@@ -184,6 +190,8 @@ class _Slot:
         self.standby = pair_lib.Pair.fork(self.device, self.spec)
       except OSError:
         self.standby = None  # the next job forks its own
+      if self.setup_at_fork:
+        self.set_up_next()
 
   def set_up_next(self) -> None:
     if self.standby is not None:
