@@ -477,7 +477,8 @@ class Batcher:
   compiler process. A member waits about GATHER_S (at most GATHER_MAX_S) for company; the
   headers' names are read (preprocessing, once per group) only once a group has two members,
   and the headers' own object is compiled (once per group) alongside its first batch. A lone
-  member, a refused one and every member of a failed batch are told to build alone (None)."""
+  member, a refused one, the members of a batch too small to pay (`worth_a_batch`) and every
+  member of a failed batch are told to build alone (None)."""
 
   def __init__(self, compile_fn, run: RunFn, work_dir: pathlib.Path,
                max_members: int = MAX_MEMBERS, gather_s: float = GATHER_S,

@@ -42,9 +42,8 @@ cache.
 Ahead of the job (worker/pair.py): while a job runs, the next job's pair is already forked and makes
 its CUDA contexts once the running judge's timing is over (`standby`, on unless the spec says
 otherwise; `standby_setup: "fork"` makes them as soon as the pair is forked), and a finished job's
-processes exit after its verdict is sent, not before. A job whose
-sandbox settings differ from the slot's (a retry alone on its GPU, with every slot's memory) gets
-a pair forked for it.
+processes exit after its verdict is sent, not before. A job whose sandbox settings differ from the
+slot's (a retry alone on its GPU, with every slot's memory) gets a pair forked for it.
 
 `--device cpu` is the development/test mode (off by default; the server enables it only with
 `--cpu-test-mode`): the same children run reference and candidate on the CPU, which lets CI
