@@ -304,6 +304,29 @@ def _job_children(pool) -> list[int]:
   return children
 
 
+def test_a_killed_workers_job_folders_are_removed_when_it_is_replaced(cache_dir, toolchain):
+  """A worker killed at once (it died, hung, or outlived the close's grace) cannot remove its
+  next job's pair's folders; the pool removes them (each worker's folders carry its tag) when it
+  replaces the worker. Before, every such kill left a dice-judge-* and a dice-job-* folder."""
+  srv = verifier_harness.ServerThread(verifier_harness.make_config(
+      cache_dir, cpu_test_mode=True, slots_per_gpu=1), toolchain)
+  try:
+    slot = srv.scheduler.pool.slots[0]
+    assert verify(srv, "scaled_add").outcome == pb.OK
+    deadline = time.monotonic() + 60
+    while len(folders := list(_children(slot).values())) < 2:  # the next job's pair
+      assert time.monotonic() < deadline, folders
+      time.sleep(0.1)
+    _kill_workers(srv.scheduler.pool)
+    time.sleep(0.5)
+    assert verify(srv, "scaled_add").outcome == pb.OK  # on a replaced worker
+    assert slot.restarts == 1
+  finally:
+    srv.stop()
+  assert all(os.path.basename(d).startswith(("dice-judge-", "dice-job-")) for d in folders)
+  assert not [d for d in folders if os.path.exists(d)], folders
+
+
 def test_dead_worker_is_replaced_and_the_request_retried_once(cpu_server):
   pool = cpu_server.scheduler.pool
   assert verify(cpu_server, "scaled_add").outcome == pb.OK  # compiled, workers warm

@@ -29,8 +29,12 @@ import itertools
 import json
 import logging
 import os
+import pathlib
+import secrets
+import shutil
 import signal
 import sys
+import tempfile
 import time
 from typing import Any, Callable
 
@@ -64,6 +68,7 @@ class WorkerSlot:
     self._env = {k: v for k, v in env.items() if k.startswith(_ENV_KEEP)}
     self.sandbox = sandbox or {"enabled": False}
     self._proc: asyncio.subprocess.Process | None = None
+    self._folder_tag = ""  # in the names of the running worker's job folders (worker/pair.py)
     self.info: dict[str, Any] = {}
     self.jobs_run = 0
     self.restarts = 0
@@ -73,9 +78,10 @@ class WorkerSlot:
     self.on_reaped: Callable[[dict[str, Any]], None] | None = None
 
   async def start(self) -> None:
+    self._folder_tag = secrets.token_hex(4)
     self._proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "verifier_service.worker", "--device", self.device,
-        "--sandbox", json.dumps(self.sandbox),
+        "--sandbox", json.dumps(dict(self.sandbox, folder_tag=self._folder_tag)),
         stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, env=self._env,
         limit=_STREAM_LIMIT, start_new_session=True)
     try:
@@ -95,17 +101,19 @@ class WorkerSlot:
       log.warning("worker %s runs candidates with sandbox layers off: %s", self.name, off)
 
   async def stop(self) -> None:
+    """Kills the worker and removes the job folders it left (a worker killed at once, on a
+    failure path or after the close's grace, cannot remove its pairs' folders itself)."""
     proc, self._proc = self._proc, None
     if proc is None:
       return
     with contextlib.suppress(ProcessLookupError):
       os.killpg(proc.pid, signal.SIGKILL)
     await proc.wait()
+    await asyncio.to_thread(_remove_job_folders, self._env.get("TMPDIR"), self._folder_tag)
 
   async def close(self) -> None:
     """The server's stop: end of file on the worker's stdin, so that it discards its next job's
-    pair and removes their folders (killed at once, the worker left a dice-judge-* and a
-    dice-job-* folder in the temp folder per slot at every stop); killed after _CLOSE_GRACE_S."""
+    pair (its processes exit, its folders go); killed after _CLOSE_GRACE_S."""
     proc = self._proc
     if proc is not None and proc.returncode is None and proc.stdin is not None:
       with contextlib.suppress(OSError, RuntimeError):
@@ -208,6 +216,16 @@ class WorkerSlot:
         children = list(message.get("pids", [message["pid"]]))
       elif message["type"] == "done":
         return
+
+
+def _remove_job_folders(tmpdir: str | None, tag: str) -> None:
+  """The job folders (worker/pair.py) of the worker whose folder tag is `tag`."""
+  if not tag:
+    return
+  root = pathlib.Path(tmpdir or tempfile.gettempdir())
+  for role in ("judge", "job"):
+    for folder in root.glob(f"dice-{role}-{tag}-*"):
+      shutil.rmtree(folder, ignore_errors=True)
 
 
 def _kill(pgids: list[int]) -> None:

@@ -190,8 +190,9 @@ class Pair:
     """Forks the judge, then the candidate's process; both wait on their start pipes. An OSError
     kills whichever was forked."""
     nonce = secrets.token_hex(16)
-    judge_dir = tempfile.mkdtemp(prefix="dice-judge-")
-    cand_dir = tempfile.mkdtemp(prefix="dice-job-")
+    tag = f"{spec['folder_tag']}-" if spec.get("folder_tag") else ""  # the pool's, per worker
+    judge_dir = tempfile.mkdtemp(prefix=f"dice-judge-{tag}")
+    cand_dir = tempfile.mkdtemp(prefix=f"dice-job-{tag}")
     judge_end, cand_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     forked: list[Process] = []
     try:
