@@ -74,7 +74,7 @@ MAX_MEMBERS = 16
 # split path, device_split.py). Decision, H200-16 RL bursts of 2026-12-05 (BENCHMARKS.md, "Runs
 # 9-12"): a batch of 2 cost 6.9-17.3 CPU-s (median 11.6, ten batches: three gcc runs over the
 # headers, cudafe++ and cicc, cold when no warm front end matched), a split build's cuda.cu
-# 3.1-3.8 (means); batches of 3 cost 6.7 and 11.3, of 7-10 about 1.3 a member.
+# 3.1-3.8 (means); batches of 3 cost 6.7 and 11.3, four of 5-10 (32 members) 49.7 together.
 SMALL_BATCH = 2
 GATHER_S = 0.15  # a burst's requests arrive within this of each other
 GATHER_MAX_S = 1.0
