@@ -10,7 +10,10 @@ Definitions (Ouyang et al. 2025, KernelBench; Chen et al. 2021 for pass@k). For 
   factor p (speedup > p), over ALL samples of ALL problems (a failed or untimed sample counts as not
   fast), averaged the same way; fast_0 = correct_rate when every correct kernel was timed;
 - pass@k: mean over problems of the unbiased estimator 1 - C(n-c, k)/C(n, k), for k <= min n_i;
-- speedups: mean, geometric mean and median of the speedups of correct, timed samples.
+- speedups: mean, geometric mean and median of the speedups of correct, timed samples. The
+  verifier times each call twice, cold (L2 flushed, what fast_p and rewards use) and warm (no
+  flush, KernelBench's condition); `speedup_warm_geomean`/`_median` are the warm figures, so a
+  run can be set beside KernelBench's numbers.
 
 Every sample weighs 1/n_i within its problem and every problem weighs the same, so a problem with
 more samples does not count more. Verdicts from a verifier without a GPU (NO_GPU) compiled but were
@@ -39,21 +42,23 @@ class SampleScore:
   """What the metrics need from one sample's verdict (see dice_jax.eval.records for the mapping).
 
   outcome: the proto Outcome name, or FORMAT when no candidate could be extracted.
-  speedup: reference time / candidate time; None unless the sample is correct and was timed.
+  speedup: reference time / candidate time, cold calls; None unless the sample is correct and
+    was timed. speedup_warm: the same over warm calls (None where the verdict has none).
   """
 
   outcome: str
   compiled: bool = False
   correct: bool = False
   speedup: float | None = None
+  speedup_warm: float | None = None
 
   def __post_init__(self):
     if self.correct and not self.compiled:
       raise ValueError("a correct sample must have compiled")
-    if self.speedup is not None and not (self.correct and math.isfinite(self.speedup)
-                                         and self.speedup > 0):
-      raise ValueError(f"speedup must be a positive finite number of a correct sample, got "
-                       f"{self.speedup} (correct={self.correct})")
+    for name, value in (("speedup", self.speedup), ("speedup_warm", self.speedup_warm)):
+      if value is not None and not (self.correct and math.isfinite(value) and value > 0):
+        raise ValueError(f"{name} must be a positive finite number of a correct sample, got "
+                         f"{value} (correct={self.correct})")
 
   def fast(self, p: float) -> bool:
     return self.correct and self.speedup is not None and self.speedup > p
@@ -147,6 +152,7 @@ def group_metrics(problems: Sequence[ProblemScores], *, ps: Sequence[float] = FA
   if not available:
     out.update({"correct_rate": None, "pass_at_k": None, "timed_correct": None,
                 "speedup_mean": None, "speedup_geomean": None, "speedup_median": None,
+                "speedup_warm_geomean": None, "speedup_warm_median": None,
                 "fast_p_curve": None}, **{fast_key(p): None for p in ps})
     return out
   ks = ks or default_ks(n_min)
@@ -162,6 +168,9 @@ def group_metrics(problems: Sequence[ProblemScores], *, ps: Sequence[float] = FA
   out["speedup_mean"] = float(np.mean(speedups)) if speedups else None
   out["speedup_geomean"] = geometric_mean(speedups)
   out["speedup_median"] = float(np.median(speedups)) if speedups else None
+  warm = [s.speedup_warm for s in samples if s.speedup_warm is not None]
+  out["speedup_warm_geomean"] = geometric_mean(warm)
+  out["speedup_warm_median"] = float(np.median(warm)) if warm else None
   if curve:
     grid = curve_ps(problems)
     out["fast_p_curve"] = {"p": grid, "fast_p": [fast_p(problems, p) for p in grid]}

@@ -32,11 +32,12 @@ def outcome_label(verdict: pb.Verdict) -> str:
   return pb.Outcome.Name(verdict.outcome)
 
 
-def speedup(verdict: pb.Verdict) -> float | None:
-  """The measured speedup of an OK verdict that was timed, else None."""
+def speedup(verdict: pb.Verdict, warm: bool = False) -> float | None:
+  """The measured speedup of an OK verdict that was timed (over cold calls, or `warm` ones:
+  KernelBench's condition), else None."""
   if verdict.outcome != pb.OK or not verdict.HasField("timing"):
     return None
-  value = verdict.timing.speedup
+  value = verdict.timing.speedup_warm if warm else verdict.timing.speedup
   return value if math.isfinite(value) and value > 0 else None
 
 
@@ -56,7 +57,8 @@ def score(verdict: pb.Verdict) -> SampleScore:
   label = outcome_label(verdict)
   correct = label == "OK"
   return SampleScore(outcome=label, compiled=compiled(verdict), correct=correct,
-                     speedup=speedup(verdict) if correct else None)
+                     speedup=speedup(verdict) if correct else None,
+                     speedup_warm=speedup(verdict, warm=True) if correct else None)
 
 
 def compact(verdict: pb.Verdict) -> dict[str, Any]:
@@ -68,6 +70,7 @@ def compact(verdict: pb.Verdict) -> dict[str, Any]:
       "compiled": compiled(verdict),
       "correct": label == "OK",
       "speedup": speedup(verdict),
+      "speedup_warm": speedup(verdict, warm=True),
       "max_abs_error": max_abs_error(verdict),
       "exploits": [pb.Exploit.Name(e.kind) for e in verdict.exploits],
       "message": verdict.message,

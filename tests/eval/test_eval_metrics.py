@@ -118,10 +118,12 @@ def test_sample_score_invariants():
     m.ProblemScores("empty", 1, ())
 
 
-def _timed_ok(speedup, exploits=()):
+def _timed_ok(speedup, exploits=(), warm=None):
   v = pb.Verdict(request_id="r", outcome=pb.OK, stage=pb.STAGE_DONE)
   v.compile.compiled = True
   v.timing.speedup = speedup
+  if warm is not None:
+    v.timing.speedup_warm = warm
   v.trials.add(seed=1, passed=True, max_abs_error=3e-5)
   v.trials.add(seed=2, passed=True, max_abs_error=7e-5)
   for kind in exploits:
@@ -144,3 +146,24 @@ def test_verdicts_map_to_scores_and_rows():
   row = records.compact(_timed_ok(1.7))
   assert row["outcome"] == "OK" and row["speedup"] == 1.7 and row["stage"] == "DONE"
   assert records.from_dict(records.to_dict(_timed_ok(1.7))) == _timed_ok(1.7)
+
+
+def test_the_warm_speedup_is_kept_beside_the_cold_one_and_summarised_apart():
+  """Cold calls (L2 flushed) give `speedup`, which fast_p uses; warm calls, KernelBench's
+  condition, give `speedup_warm`, summarised on its own so a run can be set beside KernelBench's."""
+  s = records.score(_timed_ok(1.7, warm=2.1))
+  assert (s.speedup, s.speedup_warm) == (1.7, 2.1)
+  assert records.compact(_timed_ok(1.7, warm=2.1))["speedup_warm"] == 2.1
+  assert records.score(_timed_ok(1.7)).speedup_warm is None  # a verdict without the warm figure
+  flagged = records.score(_timed_ok(500.0, [pb.IMPLAUSIBLE_SPEEDUP], warm=400.0))
+  assert flagged.speedup_warm is None
+  with pytest.raises(ValueError):
+    m.SampleScore("INCORRECT", compiled=True, speedup_warm=2.0)
+  scores = [m.ProblemScores("a", 1, (records.score(_timed_ok(1.0, warm=2.0)),
+                                     records.score(_timed_ok(4.0, warm=8.0)))),
+            m.ProblemScores("b", 1, (records.score(_timed_ok(3.0)),))]
+  g = m.group_metrics(scores)
+  assert g["speedup_geomean"] == pytest.approx((1.0 * 4.0 * 3.0) ** (1 / 3))
+  assert g["speedup_warm_geomean"] == pytest.approx(4.0)  # (2 x 8)^(1/2): b has no warm figure
+  assert g["speedup_warm_median"] == pytest.approx(5.0)
+  assert g["fast_2"] == pytest.approx((0.5 + 1.0) / 2)  # fast_p stays on the cold figure
