@@ -17,6 +17,7 @@ mean CPU-s and wall-s per candidate, and the ratios lite / split and lite_batch 
   python benchmarks/verifier_split_compile.py --count 8
   python benchmarks/verifier_split_compile.py            # every reference middle that splits
   python benchmarks/verifier_split_compile.py --count 8 --warm-front-ends   # as a GPU server
+  python benchmarks/verifier_split_compile.py --further-includes   # sources with <math.h>, ...
 """
 
 from __future__ import annotations
@@ -115,6 +116,8 @@ async def main(args) -> None:
     # Which candidates split (and each refusal's reason), main.cpp cached for every variant.
     chosen, reasons = [], {}
     for name, ext in exts:
+      if args.further_includes and not await split.split_ready_for(ext):
+        continue  # no further includes, or none the split takes
       result = await split.build(ext, 900, problem=name)
       await lite.build(ext, 900, problem=name)
       if result.header_tier == compile_lib.SPLIT:
@@ -160,4 +163,7 @@ if __name__ == "__main__":
   parser = dice_parser(__doc__, 0, "stop after this many that split")
   parser.add_argument("--warm-front-ends", action="store_true",
                       help="split and lite with warm front ends, as a server with GPUs runs")
+  parser.add_argument("--further-includes", action="store_true",
+                      help="only candidates including more than the lite headers (math.h, ...), "
+                           "once the split's names for their includes are computed")
   asyncio.run(main(parser.parse_args()))

@@ -56,8 +56,18 @@ BROKEN = GOOD.replace("* s;\n}", "* s_typo;\n}")
 # Without torch/extension.h: load_inline's torch/types.h alone, the other level of header tiers
 # (header_tiers.CUDA_LEVELS), with its own names and host header, as the bundled scaffolds are.
 TYPES_LEVEL = GOOD.replace("#include <torch/extension.h>\n", "")
+# Includes beyond the lite headers (device_split.py computes names for them): a C header the
+# device half keeps, and a torch header only the host half includes, used by the launch.
+FURTHER = GOOD.replace("#include <cuda_runtime.h>\n", "#include <cuda_runtime.h>\n#include <math.h>\n"
+                       "#include <c10/cuda/CUDAStream.h>\n").replace(
+    "return 2.0f * x;", "return 2.0f * fabsf(x);").replace(
+    "TILE>>>(", "TILE, 0, c10::cuda::getCurrentCUDAStream()>>>(")
+# A further include no folder holds: no names, so the usual path decides (its compile error).
+MISSING_INCLUDE = GOOD.replace("#include <cuda_runtime.h>\n",
+                               "#include <cuda_runtime.h>\n#include <dice_no_such_header.h>\n")
 SOURCES = {"split_good": GOOD, "split_refused": REFUSED, "split_broken": BROKEN,
-           "split_types": TYPES_LEVEL}
+           "split_types": TYPES_LEVEL, "split_further": FURTHER,
+           "split_missing_include": MISSING_INCLUDE}
 DICE_ITEMS = (3, 4, 5)  # phase-1 reference middles of kernel_infilling_evaluation.json
 
 
@@ -100,7 +110,8 @@ def _same_exports(split_so: str, lite_so: str) -> None:
 @pytest.fixture(scope="module")
 def built(toolchain, cache_dir, request):
   """{name: (split build, lite build)} for the bundled sources and DICE's items (where ../shared
-  is present), and the split path's counters."""
+  is present), and the split path's counters (with "further": each source's further includes
+  whose names it waited for, split_ready_for's answer)."""
   try:
     shared_dir = request.getfixturevalue("shared_dir")
   except pytest.skip.Exception:
@@ -123,11 +134,13 @@ def built(toolchain, cache_dir, request):
     try:
       await asyncio.gather(on.warm_up(), off.warm_up())
       assert await asyncio.wait_for(on.split_ready(), 1800), on.split_stats()
-      out = {}
+      out, further = {}, {}
       for name, ext in exts.items():
+        # What a server's later builds of it find: the names for its further includes.
+        further[name] = await asyncio.wait_for(on.split_ready_for(ext), 1800)
         out[name] = (await on.build(ext, 900, problem=name),
                      await off.build(ext, 900, problem=name))
-      return out, on.split_stats()
+      return out, {**on.split_stats(), "further": further}
     finally:
       await asyncio.gather(on.close(), off.close())
   return asyncio.run(go())
@@ -277,6 +290,33 @@ def test_dice_reference_middles_split_with_the_lite_builds_kernels(built, shared
     _same_exports(split.so_path, lite.so_path)
 
 
+def test_a_source_with_further_includes_splits_with_the_lite_builds_kernels_and_answers(built):
+  """<math.h> stays in both halves, torch's c10/cuda/CUDAStream.h only in the host half; the
+  names the cut checks were computed with both included (split_names.Store, per include list)."""
+  results, stats = built
+  assert stats["further"]["split_further"] == ("math.h", "c10/cuda/CUDAStream.h")
+  split, lite = results["split_further"]
+  assert split.ok and lite.ok, (split.log[-2000:], lite.log[-2000:])
+  assert (split.header_tier, lite.header_tier) == ("split", "lite"), split.split_note
+  if _cuobjdump() is not None:
+    assert _sass(split.so_path) == _sass(lite.so_path)
+  _same_exports(split.so_path, lite.so_path)
+  answers = _call(split.so_path, lite.so_path)
+  assert answers[0] == answers[1] and answers[0][0] == [3.0] * 3
+
+
+def test_a_further_include_without_names_builds_by_the_usual_path(built):
+  results, stats = built
+  assert stats["further"]["split_missing_include"] is None
+  split, lite = results["split_missing_include"]
+  assert not split.ok and not lite.ok and split.log == lite.log
+  assert "dice_no_such_header.h" in split.log
+  # Refused before any half was compiled (a failed build's notes are not kept: its steps say it).
+  assert not [step for step in split.steps if step.get("what") in ("device", "host")]
+  broken, _ = results["split_broken"]  # which the split did try
+  assert {step.get("what") for step in broken.steps} >= {"device", "host"}, broken.steps
+
+
 def test_both_header_levels_split_from_the_first_build_after_start_up(built):
   """split_ready (which a server's start-up waits for) covers sources with torch/extension.h and
   those with torch/types.h alone: neither level's first build finds the split not ready."""
@@ -339,8 +379,10 @@ def test_device_halves_finish_in_warm_front_ends_with_the_lite_builds_kernels(
     try:
       await asyncio.gather(on.warm_up(), off.warm_up())
       assert await asyncio.wait_for(on.split_ready(), 900), on.split_stats()
-      out = {}
+      out, further = {}, {}
       for name, ext in exts.items():
+        # What a server's later builds of it find: the names for its further includes.
+        further[name] = await asyncio.wait_for(on.split_ready_for(ext), 1800)
         out[name] = (await on.build(ext, 900, problem=name),
                      await off.build(ext, 900, problem=name))
         # The warm processes this build started (lite tier's and device half's): ready before

@@ -4,8 +4,11 @@ something other than what the compiler reads (refused: the build then takes the 
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
+from verifier_service.compile import split_names
 from verifier_service.compile import split_source
 
 NAMES = split_source.Names(
@@ -153,3 +156,69 @@ def test_kernel_text_in_strings_and_comments_is_not_code():
   assert [k.name for k in split.kernels] == ["add_kernel"]
   assert '"add_kernel<<<1, 1>>>()"' in split.host
   assert "ghost" not in "".join(k.name for k in split.kernels)
+
+
+def test_further_includes_are_named_in_order_without_those_of_comments_or_the_block():
+  text = ("#include <torch/extension.h>\n#include <math.h>\n// #include <commented.h>\n"
+          "/*\n#include <in_a_block_comment.h>\n*/\n#include <vector>\n"
+          "#include <ATen/cuda/CUDAContext.h>\n#include <math.h>\n#include \"quoted.h\"\n")
+  assert split_source.extra_includes(text, NAMES.block_includes) == (
+      "math.h", "ATen/cuda/CUDAContext.h")
+  assert split_source.extra_includes(SOURCE, NAMES.block_includes) == ()
+  assert split_source.torch_header("ATen/cuda/CUDAContext.h")
+  assert split_source.torch_header("c10/cuda/CUDAStream.h")
+  assert not split_source.torch_header("math.h") and not split_source.torch_header("cublas_v2.h")
+
+
+def test_names_for_further_includes_let_them_through_and_the_device_half_drops_torchs():
+  text = SOURCE.replace("#include <cuda_runtime.h>",
+                        "#include <cuda_runtime.h>\n#include <math.h>\n"
+                        "#include <ATen/cuda/CUDAContext.h>")
+  assert "includes math.h" in _refused(text)  # with the environment's names alone
+  names = split_source.Names(NAMES.device, NAMES.host, NAMES.block_includes,
+                             extras=("math.h", "ATen/cuda/CUDAContext.h"))
+  split = split_source.plan(text, names)
+  lines = text.split("\n")
+  at = {h: next(i for i, line in enumerate(lines) if h in line)
+        for h in ("math.h", "CUDAContext.h")}
+  host, device = split.host.split("\n"), split.device.split("\n")
+  # The host half (g++ after the lite headers) includes both as written; the device half, made
+  # without torch, keeps <math.h> and leaves torch's header out, line numbers unchanged.
+  assert host[at["math.h"]] == lines[at["math.h"]] == device[at["math.h"]]
+  assert host[at["CUDAContext.h"]] == lines[at["CUDAContext.h"]]
+  assert not device[at["CUDAContext.h"]].strip()
+  # A further include the names were not computed with is still refused.
+  assert "includes cublas_v2.h" in str(pytest.raises(
+      split_source.Refused, split_source.plan,
+      text.replace("#include <math.h>", "#include <math.h>\n#include <cublas_v2.h>"),
+      names).value)
+
+
+def test_names_are_computed_only_for_plain_header_paths_and_a_bounded_number_of_lists(tmp_path):
+  ran = []
+
+  async def run(argv, cwd):
+    ran.append(argv)
+    return 1, "no compiler here"
+
+  store = split_names.Store(tmp_path, run)
+  assert store.admits(()) and store.admits(("math.h",)) and store.admits(("ATen/cuda/x.h",))
+  for bad in (("../../etc/passwd",), ("/etc/passwd",), ("a/../../b.h",), ("x.h\n#define y",),
+              ("a b.h",), tuple(f"h{i}.h" for i in range(split_names.MAX_EXTRAS + 1))):
+    assert not store.admits(bad), bad
+
+  async def go():
+    # Refused lists start nothing; each admitted one is computed (here: fails, so no names).
+    assert await store.ensure(tmp_path, ["nvcc"], "", "extension", ("../x.h",)) is None
+    assert not ran
+    for i in range(split_names.MAX_EXTRA_LISTS):
+      assert await store.ensure(tmp_path, ["nvcc"], "", "extension", (f"h{i}.h",)) is None
+      assert store.failed(tmp_path, (f"h{i}.h",))
+    started = len(ran)
+    assert started >= split_names.MAX_EXTRA_LISTS
+    assert not store.admits(("one_more.h",))
+    assert await store.ensure(tmp_path, ["nvcc"], "", "extension", ("one_more.h",)) is None
+    assert len(ran) == started and not store.failed(tmp_path, ("one_more.h",))
+    assert store.admits(("h0.h",))  # a list already computed is not one more
+    await store.close()
+  asyncio.run(go())

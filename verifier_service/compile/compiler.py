@@ -351,6 +351,21 @@ class Compiler:
                                                    self._split_argv(flags, env))
     return all(await asyncio.gather(*map(level_ready, header_tiers.CUDA_LEVELS)))
 
+  async def split_ready_for(self, ext: sources.InlineExtension) -> tuple[str, ...] | None:
+    """`split_ready`, and the names for `ext`'s cuda.cu where it includes more than the lite
+    headers (device_split.py): what a build of it waits for before it can split. Returns those
+    further includes, or None where the split cannot serve it."""
+    if not await self.split_ready() or not ext.cuda_sources:
+      return None
+    assert self._split is not None
+    flags = self.flags(ext)
+    _, cuda_text = buildspec.render_sources(ext)
+    env = await self._envs.ensure(self._nvcc_argv(flags), header_tiers.original_level(cuda_text))
+    if env is None:
+      return None
+    return await self._split.ready_for(env, self._envs.folder(env.key),
+                                       self._split_argv(flags, env), cuda_text or "")
+
   async def warm_up(self) -> str | None:
     """Prepares what the first request would otherwise wait for: the header tiers of main.cpp and
     of cuda.cu at both levels (sources with torch/extension.h, and with torch/types.h alone, as

@@ -29,6 +29,14 @@ Decisions:
   candidate's own code a small part of each.
 - The names and the precompiled header are built in the background once the first build asks
   (or `warm_up`), never waited for: until both exist, builds take the usual path.
+- A source that includes more than the lite headers (`<math.h>`, `ATen/cuda/CUDAContext.h`: 17
+  of DICE's 99 phase-1 sources, a third of the split's refusals) gets names computed with those
+  includes too (split_names.Store, per include list, in the background once a build meets it):
+  both halves keep the include lines, but for torch's headers, which only the host half keeps
+  (after its precompiled header, parsed per build). A list must be plain header paths, at most
+  split_names.MAX_EXTRAS, and a store computes at most MAX_EXTRA_LISTS (a source chooses them,
+  and each is ten preprocessing runs); any other list, or one whose names cannot be computed (a
+  header no folder holds), is refused.
 - Checked, not assumed: the names are the installed headers' own (split_names.py); the split
   module's kernels are compared, SASS for SASS (cuobjdump), with the lite tier's build of a
   bundled source and DICE items, its exports with the lite module's, and its host function's
@@ -71,6 +79,15 @@ class Halves:
     return (self.host, self.device)
 
 
+class NotReady(Exception):
+  """What a build needs is still being prepared (`extras`: the source's further includes whose
+  names are missing); it takes the usual path."""
+
+  def __init__(self, why: str, extras: tuple[str, ...] = ()):
+    super().__init__(why)
+    self.extras = extras
+
+
 class DeviceSplit:
   """Builds split cuda.cu objects; `compile` answers (Halves, "") or (None, why not)."""
 
@@ -85,18 +102,21 @@ class DeviceSplit:
     await self._names.close()
 
   def prepare(self, env: header_tiers.Environment, folder: pathlib.Path,
-              nvcc_argv: list[str]) -> None:
-    """Starts computing the names and, once they are known, the host half's precompiled header
-    (both in the background)."""
+              nvcc_argv: list[str], extras: tuple[str, ...] = ()) -> None:
+    """Starts computing the names and, once they are known, the host half's precompiled header;
+    and the names for sources that also include `extras` (all in the background)."""
     if header_tiers.LITE not in env.blocks:
       return
+    block = env.blocks[header_tiers.LITE]
+
     async def build() -> None:
-      found = await self._names.ensure(folder, nvcc_argv, env.blocks[header_tiers.LITE],
-                                       env.level)
+      found = await self._names.ensure(folder, nvcc_argv, block, env.level)
       if found is not None:
         _, host = found
         self._headers.prefetch((host.compiler,), host.flags, self._header_text(env), HEADER,
                                "the lite torch headers for split host code")
+        if extras:
+          await self._names.ensure(folder, nvcc_argv, block, env.level, extras)
     asyncio.ensure_future(build())
 
   async def ready(self, env: header_tiers.Environment, folder: pathlib.Path,
@@ -113,30 +133,54 @@ class DeviceSplit:
                                         HEADER, "the lite torch headers for split host code")
     return header.precompiled
 
+  async def ready_for(self, env: header_tiers.Environment, folder: pathlib.Path,
+                      nvcc_argv: list[str], cuda_text: str) -> tuple[str, ...] | None:
+    """`ready`, then the names for `cuda_text`'s further includes (split_source.extra_includes),
+    which it returns; None where the split cannot serve them."""
+    if not await self.ready(env, folder, nvcc_argv):
+      return None
+    names, _ = typing.cast(tuple, self._names.ready(folder))
+    extras = split_source.extra_includes(cuda_text, names.block_includes)
+    if extras and await self._names.ensure(folder, nvcc_argv, env.blocks[header_tiers.LITE],
+                                           env.level, extras) is None:
+      return None
+    return extras
+
   def accepts(self, cuda_text: str, env: header_tiers.Environment, folder: pathlib.Path
               ) -> bool:
     """Whether `compile` would build `cuda_text` now (its environment's names and header
     ready, the source not refused), without building anything."""
-    ready = self._ready(env, folder)
-    if isinstance(ready, str):
-      return False
     try:
-      split_source.plan(cuda_text, ready[0])
-    except split_source.Refused:
+      names, _, _ = self._ready(cuda_text, env, folder)
+      split_source.plan(cuda_text, names)
+    except (NotReady, split_source.Refused):
       return False
     return True
 
-  def _ready(self, env: header_tiers.Environment, folder: pathlib.Path
-             ) -> tuple[split_source.Names, split_names.HostCommand, pch_lib.Header] | str:
-    """The environment's names, host command and precompiled header, or why they are not ready."""
+  def _ready(self, cuda_text: str, env: header_tiers.Environment, folder: pathlib.Path
+             ) -> tuple[split_source.Names, split_names.HostCommand, pch_lib.Header]:
+    """The names for `cuda_text` (its environment's, or those for its further includes), the
+    host command and the precompiled header. Raises NotReady, or split_source.Refused where the
+    source's further includes get no names."""
     found = self._names.ready(folder)
     if found is None:
-      return "its names are not computed yet"
+      raise NotReady("its names are not computed yet")
     names, host = found
     header = self._headers.ready(
         self._headers.folder((host.compiler,), host.flags, self._header_text(env)), HEADER)
     if header is None:
-      return "its precompiled header is not built yet"
+      raise NotReady("its precompiled header is not built yet")
+    extras = split_source.extra_includes(cuda_text, names.block_includes)
+    if extras:
+      if self._names.failed(folder, extras):
+        raise split_source.Refused(f"includes {', '.join(extras)}: no names for these")
+      found = self._names.ready(folder, extras)
+      if found is None:
+        if not self._names.admits(extras):
+          raise split_source.Refused(f"includes {', '.join(extras)}: not a list the split takes")
+        raise NotReady(f"the names for sources including {', '.join(extras)} are not computed "
+                       "yet", extras)
+      names = found[0]
     return names, host, header
 
   async def compile(self, flags: buildspec.BuildFlags, cuda_text: str,
@@ -144,14 +188,13 @@ class DeviceSplit:
                     nvcc_argv: list[str]) -> tuple[Halves | None, str]:
     """Both halves of `cuda_text` (at the lite tier's level `env`), or None and why not.
     Raises procs.LimitExceeded (final for the build)."""
-    ready = self._ready(env, folder)
-    if isinstance(ready, str):
-      self.prepare(env, folder, nvcc_argv)
-      self.stats["not_ready"] += 1
-      return None, ready
-    names, host, header = ready
     try:
+      names, host, header = self._ready(cuda_text, env, folder)
       split = split_source.plan(cuda_text, names)
+    except NotReady as e:
+      self.prepare(env, folder, nvcc_argv, e.extras)
+      self.stats["not_ready"] += 1
+      return None, str(e)
     except split_source.Refused as e:
       self.stats["refused"] += 1
       return None, str(e)

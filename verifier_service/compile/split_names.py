@@ -21,12 +21,17 @@ toolchain, flag set and lite header block, and kept beside the header tier (`<en
   differently. Host code naming none of them reaches, in both views, the same declarations.
   Checked, not assumed: it is the headers' own text, per toolchain; a new torch or toolkit
   gets its own set.
+
+A source that includes more than the lite block (split_source.extra_includes: `<math.h>`,
+`ATen/cuda/CUDAContext.h`) gets both sets computed again with those includes in every view, as
+each half sees them (`compute`'s `extras`; `Store`, once per include list).
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import hashlib
 import json
 import logging
 import pathlib
@@ -48,6 +53,10 @@ log = logging.getLogger(__name__)
 RunFn = Callable[[list[str], pathlib.Path], Awaitable[tuple[int, str]]]
 
 VERSION = 1  # bump when what is computed changes
+# A source's own includes the split computes names for (Store): per list, and lists per store.
+MAX_EXTRAS = 4
+MAX_EXTRA_LISTS = 16
+_HEADER_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]*(/[A-Za-z0-9_][A-Za-z0-9_.+-]*)*")
 _MARKER_RE = re.compile(r'^# (\d+) "((?:\\.|[^"\\])*)"')
 _TOKEN_RE = re.compile(r'"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\'|[A-Za-z_]\w*|\d[\w.\']*|\S')
 _IDENT_RE = re.compile(r"[A-Za-z_]\w*")
@@ -256,9 +265,15 @@ def _swap(command: str, source: str, out: str, extra: tuple[str, ...] = ()) -> s
 
 
 async def compute(nvcc_argv: list[str], block: str, level: str, work: pathlib.Path,
-                  run: RunFn) -> tuple[split_source.Names, HostCommand]:
+                  run: RunFn, extras: tuple[str, ...] = ()
+                  ) -> tuple[split_source.Names, HostCommand]:
   """The names for cuda.cu compiled by `nvcc_argv` (its flags, no -c/-o; the lite tier's
-  -isystem folder included), whose lite tier is `block`, at header `level` (header_tiers)."""
+  -isystem folder included), whose lite tier is `block`, at header `level` (header_tiers), for
+  sources that also include `extras` (split_source.extra_includes), each view as the halves see
+  them: the host TU after its precompiled header, the device half after its own header (torch's
+  extras left out), the source as written after torch's headers."""
+  lines = lambda names: "".join(f"#include <{e}>\n" for e in names)
+  on_device = lines(e for e in extras if not split_source.torch_header(e))
   (work / "probe.cu").write_text("")
   rc, text = await run(list(nvcc_argv) + ["-c", "probe.cu", "-o", "probe.o", "--dryrun",
                                           "--keep", "--keep-dir", "steps"], work)
@@ -266,10 +281,11 @@ async def compute(nvcc_argv: list[str], block: str, level: str, work: pathlib.Pa
   if plan is None:
     raise RuntimeError(f"nvcc's dry run has an unknown shape:\n{text[-1500:]}")
   host = host_command(plan.host[0], plan.env)
-  sources = {"block": block + "#include <cuda.h>\n#include <cuda_runtime.h>\n",
-             "cuda": device_prelude(block) + "#include <cuda.h>\n#include <cuda_runtime.h>\n",
+  sources = {"block": block + "#include <cuda.h>\n#include <cuda_runtime.h>\n" + lines(extras),
+             "cuda": device_prelude(block) + "#include <cuda.h>\n#include <cuda_runtime.h>\n" +
+             on_device,
              "full": "#include <torch/types.h>\n#include <cuda.h>\n#include <cuda_runtime.h>\n" + (
-                 "#include <torch/extension.h>\n" if level == "extension" else "")}
+                 "#include <torch/extension.h>\n" if level == "extension" else "") + lines(extras)}
   for name, content in sources.items():
     (work / f"{name}.cu").write_text(content)
 
@@ -290,9 +306,9 @@ async def compute(nvcc_argv: list[str], block: str, level: str, work: pathlib.Pa
   host_set = await asyncio.to_thread(host_names, *views[:4])
   device_set = await asyncio.to_thread(device_names, list(views[4:6]), list(views[7:9]),
                                        views[6], views[9])
-  includes = set(re.findall(r"^#include <([^>\n]+)>", sources["block"], re.M))
+  includes = set(re.findall(r"^#include <([^>\n]+)>", block, re.M)) | {"cuda.h", "cuda_runtime.h"}
   return split_source.Names(device=device_set, host=host_set,
-                            block_includes=frozenset(includes)), host
+                            block_includes=frozenset(includes), extras=extras), host
 
 
 def device_prelude(block: str) -> str:
@@ -317,47 +333,77 @@ async def _read(run: RunFn, argv: list[str], work: pathlib.Path, out: str) -> st
 
 class Store:
   """`<env folder>/split.json`: computed once per tier environment (the lite block, the flags,
-  the toolchain), under a file lock shared with other servers; None where it cannot be."""
+  the toolchain), under a file lock shared with other servers; None where it cannot be. Sources
+  with further includes (split_source.extra_includes) get theirs per include list,
+  `split-<digest>.json`: at most MAX_EXTRA_LISTS lists computed per store (each is ten
+  preprocessing runs over torch's headers, and a source chooses its includes)."""
 
   def __init__(self, scratch: pathlib.Path, run: RunFn):
     self._scratch = scratch
     self._run = run
-    self._tasks: dict[pathlib.Path, asyncio.Task] = {}
+    self._tasks: dict[tuple[pathlib.Path, tuple[str, ...]], asyncio.Task] = {}
 
-  async def ensure(self, folder: pathlib.Path, nvcc_argv: list[str], block: str, level: str
+  async def ensure(self, folder: pathlib.Path, nvcc_argv: list[str], block: str, level: str,
+                   extras: tuple[str, ...] = ()
                    ) -> tuple[split_source.Names, HostCommand] | None:
-    task = self._tasks.get(folder)
+    """The names (computing them if need be); None where they cannot be, or where `extras` is
+    one list too many (`admits`)."""
+    key = (folder, extras)
+    task = self._tasks.get(key)
     if task is None or (task.done() and task.cancelled()):
-      self._tasks[folder] = task = asyncio.ensure_future(
-          self._load(folder, nvcc_argv, block, level))
+      if not self.admits(extras):
+        return None
+      self._tasks[key] = task = asyncio.ensure_future(
+          self._load(folder, nvcc_argv, block, level, extras))
     return await asyncio.shield(task)
 
-  def ready(self, folder: pathlib.Path) -> tuple[split_source.Names, HostCommand] | None:
-    task = self._tasks.get(folder)
+  def admits(self, extras: tuple[str, ...]) -> bool:
+    """Whether names for sources including `extras` may be computed: each a plain header path,
+    at most MAX_EXTRAS of them, and room for another list (or this one already started)."""
+    if not extras:
+      return True
+    if len(extras) > MAX_EXTRAS or not all(_HEADER_RE.fullmatch(e) and ".." not in e for e in extras):
+      return False
+    lists = {e for _, e in self._tasks if e}
+    return extras in lists or len(lists) < MAX_EXTRA_LISTS
+
+  def ready(self, folder: pathlib.Path, extras: tuple[str, ...] = ()
+            ) -> tuple[split_source.Names, HostCommand] | None:
+    task = self._tasks.get((folder, extras))
     return task.result() if task is not None and task.done() and not task.cancelled() and (
         task.exception() is None) else None
+
+  def failed(self, folder: pathlib.Path, extras: tuple[str, ...]) -> bool:
+    """Whether computing these names ended without them (`ready` stays None)."""
+    task = self._tasks.get((folder, extras))
+    return task is not None and task.done() and self.ready(folder, extras) is None
 
   async def close(self) -> None:
     for task in self._tasks.values():
       task.cancel()
     await asyncio.gather(*self._tasks.values(), return_exceptions=True)
 
-  async def _load(self, folder: pathlib.Path, nvcc_argv: list[str], block: str, level: str
-                  ) -> tuple[split_source.Names, HostCommand] | None:
+  async def _load(self, folder: pathlib.Path, nvcc_argv: list[str], block: str, level: str,
+                  extras: tuple[str, ...]) -> tuple[split_source.Names, HostCommand] | None:
     compile_procs.PRIORITY.set(-1)
-    path = folder / "split.json"
-    found = _read_json(path)
+    stem = f"split-{hashlib.sha256(json.dumps(extras).encode()).hexdigest()[:16]}" if extras else (
+        "split")
+    path = folder / f"{stem}.json"
+    found = _read_json(path, extras)
     if found is not None:
       return found
-    async with compile_procs.file_lock(folder / "split.lock"):
-      found = _read_json(path)
+    async with compile_procs.file_lock(folder / f"{stem}.lock"):
+      found = _read_json(path, extras)
       if found is not None:
         return found
       work = pathlib.Path(tempfile.mkdtemp(prefix="split-", dir=self._scratch))
       try:
-        names, host = await compute(nvcc_argv, block, level, work, self._run)
-      except Exception:  # pylint: disable=broad-except  (no split: every build as before)
-        log.exception("the split path is off for this flag set")
+        names, host = await compute(nvcc_argv, block, level, work, self._run, extras)
+      except Exception as e:  # pylint: disable=broad-except  (no split: every build as before)
+        if not extras:
+          log.exception("the split path is off for this flag set")
+        else:  # the source's own includes (one that does not exist, say): its build decides
+          log.info("no split for sources including %s: %s", list(extras), str(e)[-300:])
         return None
       finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -365,18 +411,20 @@ class Store:
       tmp.write_text(json.dumps({"version": VERSION, "device": sorted(names.device),
                                  "host": sorted(names.host),
                                  "block_includes": sorted(names.block_includes),
+                                 "extras": list(extras),
                                  "compiler": host.compiler, "flags": list(host.flags)}))
       tmp.replace(path)
       return names, host
 
 
-def _read_json(path: pathlib.Path) -> tuple[split_source.Names, HostCommand] | None:
+def _read_json(path: pathlib.Path, extras: tuple[str, ...] = ()
+               ) -> tuple[split_source.Names, HostCommand] | None:
   try:
     data = json.loads(path.read_text())
-    if data["version"] != VERSION:
+    if data["version"] != VERSION or tuple(data.get("extras", ())) != extras:
       return None
     return (split_source.Names(frozenset(data["device"]), frozenset(data["host"]),
-                               frozenset(data["block_includes"])),
+                               frozenset(data["block_includes"]), extras),
             HostCommand(data["compiler"], tuple(data["flags"])))
   except (OSError, ValueError, KeyError, TypeError):
     return None

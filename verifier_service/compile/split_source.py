@@ -30,7 +30,9 @@ the two halves mean what the whole does:
   (relocatable device code); a name declared in both halves (overloads across them);
 - templated, overloaded, extern "C" or defaulted-parameter kernels; `__host__` code (it would
   belong to both); namespaces, asm, extern (but `extern __shared__`), pragmas other than loop
-  unrolling, includes after the code began or outside what the lite header block already holds;
+  unrolling, includes after the code began, quoted, or outside what the lite header block holds
+  and the names were computed with (`Names.extras`: the source's own further `<...>` includes,
+  kept in both halves but for torch's, which the device half leaves out);
 - launches whose configuration holds `<` or `>`, or that sit in a macro;
 - device code (device functions, kernels, shared types, macros) using a name that only torch's
   headers bring (`SplitNames.device`): without torch it would mean something else or nothing;
@@ -60,6 +62,7 @@ _IDENT_RE = re.compile(r"[A-Za-z_]\w*$")
 _DIRECTIVE_RE = re.compile(r"^[ \t]*#[ \t]*(\w*)(.*)$")
 _INCLUDE_RE = re.compile(r"^[ \t]*#[ \t]*include[ \t]*([<\"])([^>\"\n]+)[>\"][ \t]*$")
 _TIER_INCLUDES = {"torch/extension.h", "torch/torch.h", "torch/types.h", "ATen/ATen.h"}
+_TORCH_FOLDERS = {"ATen", "c10", "torch", "caffe2"}
 _DEVICE_SPACE = {"__device__", "__constant__", "__shared__", "__managed__"}
 _CUDA_WORDS = _DEVICE_SPACE | {"__global__", "__host__", "__grid_constant__", "__launch_bounds__",
                                "__cluster_dims__", "__maxnreg__", "__noinline__",
@@ -89,6 +92,13 @@ class Names:
   device: frozenset[str]  # names only torch's headers bring (device code must not use them)
   host: frozenset[str]  # names whose meaning differs between nvcc's and g++'s view of the headers
   block_includes: frozenset[str]  # headers the host TU's precompiled header already includes
+  # The source's own includes beyond those (`extra_includes`) the names were computed with: both
+  # halves keep their lines but for torch's (`torch_header`), which the device half leaves out.
+  extras: tuple[str, ...] = ()
+
+  @property
+  def allowed(self) -> frozenset[str]:
+    return self.block_includes | frozenset(self.extras)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -343,6 +353,23 @@ def _logical_lines(text: str) -> list[str]:
   return out
 
 
+def extra_includes(text: str, block_includes: frozenset[str]) -> tuple[str, ...]:
+  """The headers `text` includes as `<...>` beyond torch's tier headers and `block_includes`, in
+  the order of their first include (what `Names.extras` must hold for `plan` to accept it)."""
+  found: list[str] = []
+  for line in batch_lib.strip(text).split("\n"):  # comments and literals blanked
+    include = _INCLUDE_RE.match(line)
+    if include and include.group(1) == "<" and include.group(2) not in _TIER_INCLUDES and (
+        include.group(2) not in block_includes) and include.group(2) not in found:
+      found.append(include.group(2))
+  return tuple(found)
+
+
+def torch_header(name: str) -> bool:
+  """A header of torch's (the device half, compiled without torch, leaves its include out)."""
+  return name.split("/", 1)[0] in _TORCH_FOLDERS
+
+
 def plan(text: str, names: Names) -> Split:
   """The two translation units of a cuda.cu (as load_inline writes it); raises Refused."""
   if "__dice" in text:
@@ -366,7 +393,7 @@ def plan(text: str, names: Names) -> Split:
     if word == "include" and (code_began or not include):
       raise Refused("has an #include after its code began")
     if include and include.group(2) not in _TIER_INCLUDES and (
-        include.group(1) != "<" or include.group(2) not in names.block_includes):
+        include.group(1) != "<" or include.group(2) not in names.allowed):
       raise Refused(f"includes {include.group(2)}, which the lite headers do not")
   kinds = lambda *wanted: [i for i in items if i.kind in wanted]
   kernels: dict[str, Kernel] = {}
@@ -394,7 +421,8 @@ def plan(text: str, names: Names) -> Split:
       if tok in device_names:
         raise Refused(f"its host code names device code: {tok}")
   _check_names(items, names)
-  return _render(text, items, kernels, launches)
+  return _render(text, items, kernels, launches,
+                 frozenset(e for e in names.extras if torch_header(e)))
 
 
 def _check_names(items: list[_Item], names: Names) -> None:
@@ -422,9 +450,10 @@ def _check_names(items: list[_Item], names: Names) -> None:
 
 
 def _render(text: str, items: list[_Item], kernels: dict[str, Kernel],
-            launches: dict[int, list]) -> Split:
+            launches: dict[int, list], host_only: frozenset[str]) -> Split:
   """Both halves, offset for offset the source (each replaced span's text sits in its first
-  character's slot), so that launches can be rewritten by their offsets."""
+  character's slot), so that launches can be rewritten by their offsets. The includes of
+  `host_only` are blanked in the device half."""
   device, host = list(text), list(text)
 
   def put(chars: list[str], start: int, end: int, new: str) -> None:
@@ -438,6 +467,8 @@ def _render(text: str, items: list[_Item], kernels: dict[str, Kernel],
     if include and include.group(2) in _TIER_INCLUDES:
       blank(device, item)
       blank(host, item)  # the host TU's precompiled header holds the lite tier's headers
+    elif include and include.group(2) in host_only:
+      blank(device, item)
     elif item.kind == "host":
       blank(device, item)
     elif item.kind == "device":
