@@ -12,7 +12,8 @@
 #       tests/verifier/test_verifier_gpu.py but its DICE 3497 test (DICE's 99 included: 205 s plus
 #       a 53 s start-up; 331 s in all on 2026-12-05), and verifier_run_stage.py (64 jobs of one
 #       kernel at 4 slots: the next pair set up after the running job's timing vs at its fork,
-#       jobs/s and median speedup, two rounds each) if time is left
+#       and both sides' warm-ups one after the other vs at once; jobs/s and median speedup, two
+#       rounds each) if time is left
 #   bash benchmarks/gpu_rl_speed.sh DICE_JSON memory    # ~6 min: the DICE 3497 test (4 GiB
 #       outputs, two seeds, each retried alone: 312 s on 2026-12-04)
 #
@@ -77,14 +78,14 @@ case "$PART" in
     if [ "${RUN_STAGE_S:-130}" != 0 ]; then
       stage run_stage "${RUN_STAGE_S:-130}" python3 benchmarks/verifier_run_stage.py --jobs 64 \
         --slots-per-gpu 4 --rounds 2 --variant fork:standby_setup_at_fork=true \
-        --json "$OUT/run_stage.json"
+        --variant together:warmup_together=true --json "$OUT/run_stage.json"
     fi
     echo
     echo "================ issue 26 suites on $(tail -1 "$OUT/gpu.txt") at $(cat "$OUT/commit.txt") ================"
     cat "$OUT/stages.txt"
     for name in adversarial verifier_gpu; do echo "--- $name"; tail -4 "$OUT/$name.log"; done
     echo "--- verifier_run_stage.py"
-    [ -f "$OUT/run_stage.log" ] && grep -E "^(round|base|fork)" "$OUT/run_stage.log"
+    [ -f "$OUT/run_stage.log" ] && grep -E "^(round|base|fork|together)" "$OUT/run_stage.log"
     ;;
   memory)
     export DICE_INFILLING_JSON="$DATA"

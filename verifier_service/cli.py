@@ -215,6 +215,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="the next job's processes make their CUDA contexts as soon as they are "
                           "forked, not once the running job's timing is over (experimental: "
                           "not yet measured on a GPU)")
+  serve.add_argument("--warmup-together", action="store_true",
+                     help="both sides of a job warm up at once under the GPU's timing lock, not "
+                          "one after the other (experimental: not yet measured on a GPU)")
   serve.add_argument("--program-cache-size", type=int, default=defaults.program_cache_size,
                      help="verdicts kept by program, so the same candidate for the same problem, "
                           "comments and layout aside, is answered without running again "
@@ -466,6 +469,7 @@ def main(argv: list[str] | None = None) -> int:
                      run_budget_slowdown=args.run_budget_slowdown,
                      standby_processes=not args.no_standby,
                      standby_setup_at_fork=args.standby_setup_at_fork,
+                     warmup_together=args.warmup_together,
                      program_cache_size=args.program_cache_size)
     try:
       asyncio.run(server.serve(config, insecure=args.insecure, stop_on_stdin_eof=args.stop_on_stdin_eof))

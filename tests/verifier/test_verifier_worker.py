@@ -18,6 +18,7 @@ import psutil
 import pytest
 
 from dice.verifier.v1 import verifier_pb2 as pb
+from verifier_service.run import timing
 
 import verifier_harness
 import verifier_kernels as kernels
@@ -236,6 +237,36 @@ def test_the_next_pair_sets_up_after_the_timing_or_at_its_fork(cache_dir, toolch
   (age, lead), (age_at_fork, lead_at_fork) = times[False], times[True]
   assert 0 < lead < age - 0.05, times
   assert 0 <= age_at_fork - lead_at_fork < 0.05 and lead_at_fork > 0, times
+
+
+def test_both_sides_warm_up_one_after_the_other_or_at_once(cache_dir, toolchain):
+  """The judge's warm-up part (under the GPU's timing lock on a GPU) holds both sides' warm-ups:
+  by default the candidate's, then the reference's, each at least timing.WARMUP_S (no lock on a
+  CPU: no hand-over's shorter warm-up); with warmup_together both at once. Inputs of 4 MiB, so
+  that a call takes long enough for each warm-up to end on time, not on timing.warm_up's call
+  cap (64 x 33 floats ran its 10,000 calls in ~0.14 s)."""
+  reference = kernels.REFERENCE.replace("torch.randn(64, 33), torch.randn(64, 33)",
+                                        "torch.randn(1024, 1024), torch.randn(1024, 1024)")
+  assert reference != kernels.REFERENCE
+  seconds, speedups = {}, {}
+  for together in (False, True):
+    srv = verifier_harness.ServerThread(verifier_harness.make_config(
+        cache_dir, cpu_test_mode=True, slots_per_gpu=1, warmup_together=together), toolchain)
+    try:
+      verdict = srv.stub().Verify(pb.VerifyRequest(
+          request_id=f"cpu-warm-up-{together}-{time.monotonic_ns()}", reference_source=reference,
+          candidate_source=kernels.cpp_candidate("scaled_add"),
+          options=pb.VerifyOptions(num_timing_trials=5)), timeout=900)
+      assert verdict.outcome == pb.OK, verdict.message
+      registry = srv.scheduler.metrics.registry
+      seconds[together] = registry.get_sample_value("dice_verifier_worker_seconds_sum",
+                                                    {"part": "timing_warmup"})
+      speedups[together] = verdict.timing.speedup
+    finally:
+      srv.stop()
+  assert seconds[False] >= 2 * timing.WARMUP_S, seconds
+  assert timing.WARMUP_S <= seconds[True] < 2 * timing.WARMUP_S, seconds
+  assert all(s > 0 for s in speedups.values()), speedups
 
 
 def test_a_stopped_server_leaves_no_job_folders(cache_dir, toolchain):

@@ -127,6 +127,7 @@ class Share:
   memory_bytes: int = 0  # RLIMIT_DATA of each process where sandboxed
   read_only: tuple[str, ...] = ()  # what the sandbox leaves readable
   timing_core: bool = True  # both sides time on one CPU core (run/timing.py)
+  warmup_together: bool = False  # both sides warm up at once (ServerConfig.warmup_together)
 
   @classmethod
   def of(cls, spec: dict[str, Any]) -> Share:
@@ -135,7 +136,8 @@ class Share:
                gpu_memory_fraction=float(spec.get("gpu_memory_fraction") or 0.0),
                memory_bytes=int(spec.get("memory_bytes") or 0),
                read_only=tuple(spec.get("read_only") or ()),
-               timing_core=bool(spec.get("timing_core", True)))
+               timing_core=bool(spec.get("timing_core", True)),
+               warmup_together=bool(spec.get("warmup_together", False)))
 
 
 @dataclasses.dataclass(frozen=True)

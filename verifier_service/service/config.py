@@ -115,6 +115,12 @@ class ServerConfig:
   # 2.6-2.8 s per job (BENCHMARKS.md, runs 9-12), and a context made while the slot's own judge
   # times may move that timing (other slots' jobs already overlap it).
   standby_setup_at_fork: bool = False
+  # True: both sides of a job warm up at once under the GPU's timing lock (the judge the
+  # reference while the candidate's process the candidate), not one after the other. Neither is
+  # timed then; the lock, which every job's timing queues for, is held for one warm-up instead of
+  # two (0.22-0.27 s of a job's 0.5-0.6 s under it, H200 RL bursts, BENCHMARKS.md runs 9-12). Off
+  # until measured on the H200 (jobs/s and DICE-99's speedups, `gpu_rl_speed.sh ... suites`).
+  warmup_together: bool = False
   # Verdicts kept by program (service/text_key.py: the same problem, options and candidate but
   # for comments and layout); 0: only exact resends of a request id are answered from a cache.
   program_cache_size: int = 10_000
@@ -158,6 +164,7 @@ class ServerConfig:
             "judge_gpu_memory_fraction": 0.45 / slots, "timing_core": self.timing_core,
             "standby": self.standby_processes,
             "standby_setup": "fork" if self.standby_setup_at_fork else "timed",
+            "warmup_together": self.warmup_together,
             "read_only": [cuda_root] if cuda_root else []}
 
 

@@ -181,6 +181,11 @@ class Judge:
   def ask(self, header: dict[str, Any], max_payload: int = 0) -> tuple[dict[str, Any], bytearray]:
     """One command and its answer; the candidate's side failing to answer ends the run."""
     self.tell(header)
+    return self.answer(header, max_payload)
+
+  def answer(self, header: dict[str, Any], max_payload: int = 0
+             ) -> tuple[dict[str, Any], bytearray]:
+    """The answer to `header`, a command told earlier (`ask`)."""
     try:
       reply, payload = self.chan.recv(max_payload)
     except (wire.ProtocolError, OSError) as e:
@@ -416,7 +421,9 @@ class Judge:
     process a batch of the candidate on the same rolls, then (by a secret draw) some of the
     candidate's outputs are read back and compared; who goes first alternates per batch. The
     candidate's process is asked to time on `core`, the judge's own (run/timing.py); both sides
-    warm up for `warmup_s` (timing.GpuLock.warmup_s)."""
+    warm up for `warmup_s` (timing.GpuLock.warmup_s), the candidate's first, or with
+    `Share.warmup_together` both at once (neither is timed then: the lock is held for one warm-up
+    instead of two in a row)."""
     self.enter(enums.STAGE_TIMING)
     mark = time.monotonic()
     base = problem.inputs(self.get_inputs, self.seed + 1, self.device, self.dtype)
@@ -424,8 +431,14 @@ class Judge:
     buf = problem.clone_tree(base)
     timer = timing.Timer(self.device)
     mark = self.part("timing_setup", mark)
-    self.ask({"op": "warmup", "seed": self.seed + 1, "cpu": core, "min_s": warmup_s})
+    warmup = {"op": "warmup", "seed": self.seed + 1, "cpu": core, "min_s": warmup_s}
+    together = self.share.warmup_together
+    self.tell(warmup)
+    if not together:
+      self.answer(warmup)
     timing.warm_up(lambda: self.run_reference(buf), min_s=warmup_s)
+    if together:
+      self.answer(warmup)
     mark = self.part("timing_warmup", mark)
     trials = self.opts.num_timing_trials
     per_call = max(1, wire.payload_bytes(self.spec))
