@@ -29,8 +29,8 @@ Decisions:
   candidate's own code a small part of each.
 - The names and the precompiled header are built in the background once the first build asks
   (or `warm_up`), never waited for: until both exist, builds take the usual path.
-- A source that includes more than the lite headers (`<math.h>`, `ATen/cuda/CUDAContext.h`: 17
-  of DICE's 99 phase-1 sources, a third of the split's refusals) gets names computed with those
+- A source that includes more than the lite headers (`<math.h>`, `ATen/cuda/CUDAContext.h`: 22
+  of the 26 of DICE's 99 phase-1 sources the split refused before) gets names computed with those
   includes too (split_names.Store, per include list, in the background once a build meets it):
   both halves keep the include lines, but for torch's headers, which only the host half keeps
   (after its precompiled header, parsed per build). A list must be plain header paths, at most

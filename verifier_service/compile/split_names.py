@@ -362,7 +362,8 @@ class Store:
     at most MAX_EXTRAS of them, and room for another list (or this one already started)."""
     if not extras:
       return True
-    if len(extras) > MAX_EXTRAS or not all(_HEADER_RE.fullmatch(e) and ".." not in e for e in extras):
+    if len(extras) > MAX_EXTRAS or not all(
+        _HEADER_RE.fullmatch(e) and ".." not in e for e in extras):
       return False
     lists = {e for _, e in self._tasks if e}
     return extras in lists or len(lists) < MAX_EXTRA_LISTS
