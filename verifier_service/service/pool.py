@@ -41,6 +41,7 @@ from typing import Any, Callable
 from verifier_service import enums
 from verifier_service.run import envelope
 from verifier_service.trusted import exploits
+from verifier_service.worker import job_process
 
 log = logging.getLogger(__name__)
 _ENV_KEEP = ("PATH", "HOME", "LANG", "LC_", "TMPDIR", "VIRTUAL_ENV", "PYTHONPATH", "CUDA_",
@@ -223,8 +224,8 @@ def _remove_job_folders(tmpdir: str | None, tag: str) -> None:
   if not tag:
     return
   root = pathlib.Path(tmpdir or tempfile.gettempdir())
-  for role in ("judge", "job"):
-    for folder in root.glob(f"dice-{role}-{tag}-*"):
+  for role in (job_process.JUDGE, job_process.CANDIDATE):
+    for folder in root.glob(job_process.folder_prefix(role, tag) + "*"):
       shutil.rmtree(folder, ignore_errors=True)
 
 

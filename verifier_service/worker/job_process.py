@@ -26,6 +26,13 @@ from verifier_service.run import sandbox
 
 JOB_FILE = "job.json"
 JUDGE, CANDIDATE = "judge", "candidate"
+_FOLDER_NAMES = {JUDGE: "judge", CANDIDATE: "job"}
+
+
+def folder_prefix(role: str, tag: str = "") -> str:
+  """How the folder of a job's `role` process is named (worker/pair.py), with the pool's tag of
+  the worker that made it, by which the pool removes a killed worker's folders (service/pool.py)."""
+  return f"dice-{_FOLDER_NAMES[role]}-" + (f"{tag}-" if tag else "")
 
 
 def write_line(fd: int, message: dict[str, Any]) -> None:

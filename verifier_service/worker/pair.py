@@ -190,9 +190,9 @@ class Pair:
     """Forks the judge, then the candidate's process; both wait on their start pipes. An OSError
     kills whichever was forked."""
     nonce = secrets.token_hex(16)
-    tag = f"{spec['folder_tag']}-" if spec.get("folder_tag") else ""  # the pool's, per worker
-    judge_dir = tempfile.mkdtemp(prefix=f"dice-judge-{tag}")
-    cand_dir = tempfile.mkdtemp(prefix=f"dice-job-{tag}")
+    tag = spec.get("folder_tag") or ""  # the pool's, per worker
+    judge_dir = tempfile.mkdtemp(prefix=job_process.folder_prefix(JUDGE, tag))
+    cand_dir = tempfile.mkdtemp(prefix=job_process.folder_prefix(CANDIDATE, tag))
     judge_end, cand_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     forked: list[Process] = []
     try:
