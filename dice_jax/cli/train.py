@@ -62,8 +62,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 # end-to-end step. Four prompts of eight responses a step: with two, seed 0's compile rate did not
 # rise within six steps. On a 2-core CPU waiting on the verifier's nvcc builds is most of an
 # infilling step, so the steps' number and size set the run's time: four infilling steps show the
-# rise (seed 0: compile rate 0.09, 0.22, 0.75, 0.66) that six did (then 0.75, 0.88) in 2.5 fewer
-# minutes, and one end-to-end step shows phase 2 as two did (neither parsed a response).
+# rise (seed 0 on 2026-12-05's VM: compile rate 0.03, 0.09, 0.25, 0.62; README.md has seeds 1-2)
+# that six did in 2.5 fewer minutes, and one end-to-end step shows phase 2 as two did.
 BUILT_IN_RUN = (
     "model.init.hidden_size=256", "model.init.intermediate_size=512", "model.init.num_attention_heads=4",
     "model.init.num_key_value_heads=2", "model.init.head_dim=64",

@@ -21,6 +21,7 @@ a rerun of the same command skips a finished warm start and resumes an interrupt
 from __future__ import annotations
 
 import dataclasses
+from typing import Literal
 
 from dice_jax.config import require
 from dice_jax.data.problems import ProblemLoadError, check_source
@@ -35,8 +36,10 @@ class WarmStartSection:
   tokenizer_size: int = 640  # fit a byte-level BPE of at most this many tokens; 0: keep model.tokenizer
   batch_size: int = 4  # examples per SFT update
   max_length: int = 400  # tokens per example (prompt + answer + padding); longer ones are left out
-  lr: float = 3.0e-3  # AdamW, constant after warmup_steps
+  lr: float = 3.0e-3  # AdamW's peak, reached after warmup_steps
   warmup_steps: int = 10
+  # After the warm-up: "cosine" decays to 0 by the last step, "linear" too, "constant" stays at lr.
+  schedule: Literal["constant", "cosine", "linear"] = "cosine"
   seed: int = 0  # example order and noising
 
   def __post_init__(self):

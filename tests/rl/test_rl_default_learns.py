@@ -31,6 +31,7 @@ from dice_jax.cli import train as train_cli
 from dice_jax.data.extract import extract_infilling
 from dice_jax.data.problems import load_problems
 from dice_jax.rl import warm_start_run
+from dice_jax.train.optim import make_schedule
 
 TIMEOUT_S = 1800  # 7 minutes on the 2-core CPU, cold verifier cache; CI's machine is shared
 STATEMENT = re.compile(r'source = """y\[i\] = [^\n"]+;"""')
@@ -61,6 +62,19 @@ def test_the_warm_start_scores_the_answer_not_the_padding(tmp_path):
   rows = warm_start_run.examples(cfg, load_problems("bundled:elementwise_warmup"))
   answers = [row["messages"][-1]["content"] for row in rows]
   assert sum(STATEMENT.search(a) is not None and len(a) < 80 for a in answers) == len(rows) // 2
+
+
+def test_the_warm_start_ends_on_a_decayed_learning_rate(tmp_path):
+  """At a constant 3e-3 the SFT's last weights were wherever its noisy trajectory stood (losses
+  0.97, 1.96, 0.62 at steps 125-175), and the run's first RL step differed by machine: format 0.59
+  on one 2-core VM, 0.06 with compile rate 0 throughout on another. Decayed to 0 by the last step
+  (cosine), seeds 0-2 all rose on the second VM."""
+  cfg = train_cli.load(None, [f"run_dir={tmp_path}"])
+  (tmp_path / "e.json").write_text("[]")
+  sft = warm_start_run._sft_config(cfg, str(tmp_path / "w"), str(tmp_path / "e.json"), None)  # pylint: disable=protected-access
+  schedule = make_schedule(sft.optimizer, sft.train.steps)
+  assert float(schedule(cfg.warm_start.warmup_steps)) == pytest.approx(cfg.warm_start.lr)
+  assert float(schedule(sft.train.steps)) < 1e-3 * cfg.warm_start.lr
 
 
 @pytest.mark.slow
