@@ -33,7 +33,7 @@ from dice_jax.data.problems import load_problems
 from dice_jax.rl import warm_start_run
 from dice_jax.train.optim import make_schedule
 
-TIMEOUT_S = 1800  # 7 minutes on the 2-core CPU, cold verifier cache; CI's machine is shared
+TIMEOUT_S = 1800  # 5-10 minutes on the 2-core CPU VMs, cold verifier cache; CI's machine is shared
 STATEMENT = re.compile(r'source = """y\[i\] = [^\n"]+;"""')
 
 
