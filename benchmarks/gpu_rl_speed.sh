@@ -16,12 +16,17 @@
 #       rounds each) if time is left
 #   bash benchmarks/gpu_rl_speed.sh DICE_JSON memory    # ~6 min: the DICE 3497 test (4 GiB
 #       outputs, two seeds, each retried alone: 312 s on 2026-12-04)
+#   bash benchmarks/gpu_rl_speed.sh DICE_JSON timing    # ~9 min: verifier_timing.py at 1 slot
+#       (item 4; 105 s on an H100 on 2026-12-05), verifier_run_stage.py's fork/together variants,
+#       and verifier_split_compile.py --further-includes --warm-front-ends (its shared build took
+#       65 s there; it did not finish in 200 s)
 #
 # The DICE file does not travel with ../shared: copy ../shared/data/dice/ into .carry/dice
 # (git-ignored) and carry `.carry`; wheels in .whl/ (../shared/device/wheels.sh: the image lacks
 # grain, array-record, portpicker, pyseccomp, grpcio-health-checking, grpcio-reflection) are
 # installed first. Stage limits: TESTS_S, BURST_S, THROUGHPUT_S, FRONT_ENDS_S (first part) and
-# ADVERSARIAL_S, DICE_S, RUN_STAGE_S (second part); TESTS_S=0 and RUN_STAGE_S=0 skip those stages,
+# ADVERSARIAL_S, DICE_S, RUN_STAGE_S (second part), TIMING_S, RUN_STAGE_S, SPLIT_S (timing);
+# TESTS_S=0 and RUN_STAGE_S=0 skip those stages,
 # FRONT_ENDS_S=N adds verifier_warm_front_ends.py --split on 32 DICE candidates (its start-up took
 # 88 s on the H200). BURST_ARGS and THROUGHPUT_ARGS pass flags on (e.g. "--server-set
 # compile_split=true", "--compile-split"); BURST_BUDGET_S is the burst's --budget-s.
@@ -95,5 +100,21 @@ case "$PART" in
     cat "$OUT/stages.txt"
     grep -E "DICE 3497|passed|failed" "$OUT/memory.log"
     ;;
-  *) echo "unknown part $PART (main, suites or memory)"; exit 2 ;;
+  timing)
+    stage timing "${TIMING_S:-200}" python3 benchmarks/verifier_timing.py "$DATA" --pairs 20 --slots-per-gpu 1
+    if [ "${RUN_STAGE_S:-200}" != 0 ]; then
+      stage run_stage "${RUN_STAGE_S:-200}" python3 benchmarks/verifier_run_stage.py --jobs 64 \
+        --slots-per-gpu 4 --rounds 2 --variant fork:standby_setup_at_fork=true \
+        --variant together:warmup_together=true --json "$OUT/run_stage.json"
+    fi
+    stage split "${SPLIT_S:-150}" python3 benchmarks/verifier_split_compile.py --data "$DATA" \
+      --further-includes --warm-front-ends
+    echo
+    cat "$OUT/stages.txt"
+    echo "--- verifier_timing.py"; sed -n '/^summary:/,$p' "$OUT/timing.log" | head -30
+    echo "--- verifier_run_stage.py"
+    [ -f "$OUT/run_stage.log" ] && grep -E "^(round|base|fork|together)" "$OUT/run_stage.log"
+    echo "--- verifier_split_compile.py"; tail -12 "$OUT/split.log"
+    ;;
+  *) echo "unknown part $PART (main, suites, memory or timing)"; exit 2 ;;
 esac

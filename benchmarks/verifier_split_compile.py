@@ -57,10 +57,19 @@ def phase1_extensions(path: str) -> list:
   return exts
 
 
+def _data_file(path: str) -> str:
+  """--data's check at parse time (argparse applies it to the default too)."""
+  if not pathlib.Path(path).is_file():
+    raise argparse.ArgumentTypeError(f"{path}: no such file (DICE's kernel_infilling_evaluation.json; "
+                                     "on a machine without ../shared, copy it and give its path)")
+  return path
+
+
 def dice_parser(doc: str, count: int, count_help: str) -> argparse.ArgumentParser:
   """The flags every DICE compile benchmark takes: --data, --count, --jobs, --cache-dir."""
   parser = argparse.ArgumentParser(description=doc.split("\n")[0])
-  parser.add_argument("--data", default=str(DATA))
+  parser.add_argument("--data", type=_data_file, default=str(DATA),
+                      help="DICE's phase-1 items (default: %(default)s)")
   parser.add_argument("--count", type=int, default=count, help=count_help)
   parser.add_argument("--jobs", type=int, default=os.cpu_count() or 2)
   parser.add_argument("--cache-dir", default="", help="reuse a cache (shared headers built)")
