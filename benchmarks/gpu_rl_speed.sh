@@ -47,6 +47,20 @@ if compgen -G ".whl/*.whl" >/dev/null; then  # what the image lacks (../shared/d
   stage wheels 60 python3 -m pip install -q --no-index --no-deps --no-compile .whl/*.whl
 fi
 stage install 90 python3 -m pip install -q --no-deps --no-build-isolation -e .
+# verifier_run_stage.py: 64 jobs of one kernel at 4 slots, the next pair set up after the running
+# job's timing vs at its fork, and both sides' warm-ups one after the other vs at once (jobs/s
+# and median speedup, two rounds each); a limit of 0 skips it.
+run_stage_variants() {
+  [ "$1" != 0 ] || return 0
+  stage run_stage "$1" python3 benchmarks/verifier_run_stage.py --jobs 64 --slots-per-gpu 4 \
+    --rounds 2 --variant fork:standby_setup_at_fork=true --variant together:warmup_together=true \
+    --json "$OUT/run_stage.json"
+}
+run_stage_summary() {
+  echo "--- verifier_run_stage.py"
+  [ -f "$OUT/run_stage.log" ] && grep -E "^(round|base|fork|together)" "$OUT/run_stage.log"
+}
+
 case "$PART" in
   main)
     if [ "${TESTS_S:-150}" != 0 ]; then
@@ -80,17 +94,12 @@ case "$PART" in
     export DICE_INFILLING_JSON="$DATA" DICE_REPORT_DIR="$OUT"
     stage verifier_gpu "${DICE_S:-380}" python3 -m pytest -q -m gpu -p no:cacheprovider -rs \
       tests/verifier/test_verifier_gpu.py -k "not 4_gib"
-    if [ "${RUN_STAGE_S:-130}" != 0 ]; then
-      stage run_stage "${RUN_STAGE_S:-130}" python3 benchmarks/verifier_run_stage.py --jobs 64 \
-        --slots-per-gpu 4 --rounds 2 --variant fork:standby_setup_at_fork=true \
-        --variant together:warmup_together=true --json "$OUT/run_stage.json"
-    fi
+    run_stage_variants "${RUN_STAGE_S:-130}"
     echo
     echo "================ issue 26 suites on $(tail -1 "$OUT/gpu.txt") at $(cat "$OUT/commit.txt") ================"
     cat "$OUT/stages.txt"
     for name in adversarial verifier_gpu; do echo "--- $name"; tail -4 "$OUT/$name.log"; done
-    echo "--- verifier_run_stage.py"
-    [ -f "$OUT/run_stage.log" ] && grep -E "^(round|base|fork|together)" "$OUT/run_stage.log"
+    run_stage_summary
     ;;
   memory)
     export DICE_INFILLING_JSON="$DATA"
@@ -102,18 +111,13 @@ case "$PART" in
     ;;
   timing)
     stage timing "${TIMING_S:-200}" python3 benchmarks/verifier_timing.py "$DATA" --pairs 20 --slots-per-gpu 1
-    if [ "${RUN_STAGE_S:-200}" != 0 ]; then
-      stage run_stage "${RUN_STAGE_S:-200}" python3 benchmarks/verifier_run_stage.py --jobs 64 \
-        --slots-per-gpu 4 --rounds 2 --variant fork:standby_setup_at_fork=true \
-        --variant together:warmup_together=true --json "$OUT/run_stage.json"
-    fi
+    run_stage_variants "${RUN_STAGE_S:-200}"
     stage split "${SPLIT_S:-150}" python3 benchmarks/verifier_split_compile.py --data "$DATA" \
       --further-includes --warm-front-ends
     echo
     cat "$OUT/stages.txt"
     echo "--- verifier_timing.py"; sed -n '/^summary:/,$p' "$OUT/timing.log" | head -30
-    echo "--- verifier_run_stage.py"
-    [ -f "$OUT/run_stage.log" ] && grep -E "^(round|base|fork|together)" "$OUT/run_stage.log"
+    run_stage_summary
     echo "--- verifier_split_compile.py"; tail -12 "$OUT/split.log"
     ;;
   *) echo "unknown part $PART (main, suites, memory or timing)"; exit 2 ;;

@@ -52,12 +52,17 @@ def test_the_built_in_runs_infilling_span_is_the_ops_statement(source):
     assert got.ok and got.candidate == p.known_good, (p.id, got.failure)
 
 
+def _built_in_warm_start(tmp_path):
+  """The built-in run's config and its warm start's SFT config (an empty examples file)."""
+  cfg = train_cli.load(None, [f"run_dir={tmp_path}"])
+  (tmp_path / "e.json").write_text("[]")
+  return cfg, warm_start_run._sft_config(cfg, str(tmp_path / "w"), str(tmp_path / "e.json"), None)  # pylint: disable=protected-access
+
+
 def test_the_warm_start_scores_the_answer_not_the_padding(tmp_path):
   """A phase-1 answer is ~20 tokens in a 400-token row: with the padding in the loss the warm-started
   model learnt to stop (pad is an end token of the sampler) in the middle of the statement."""
-  cfg = train_cli.load(None, [f"run_dir={tmp_path}"])
-  (tmp_path / "e.json").write_text("[]")
-  sft = warm_start_run._sft_config(cfg, str(tmp_path / "w"), str(tmp_path / "e.json"), None)  # pylint: disable=protected-access
+  cfg, sft = _built_in_warm_start(tmp_path)
   assert sft.data.pad_in_loss is False
   rows = warm_start_run.examples(cfg, load_problems("bundled:elementwise_warmup"))
   answers = [row["messages"][-1]["content"] for row in rows]
@@ -69,9 +74,7 @@ def test_the_warm_start_ends_on_a_decayed_learning_rate(tmp_path):
   0.97, 1.96, 0.62 at steps 125-175), and the run's first RL step differed by machine: format 0.59
   on one 2-core VM, 0.06 with compile rate 0 throughout on another. Decayed to 0 by the last step
   (cosine), seeds 0-2 all rose on the second VM."""
-  cfg = train_cli.load(None, [f"run_dir={tmp_path}"])
-  (tmp_path / "e.json").write_text("[]")
-  sft = warm_start_run._sft_config(cfg, str(tmp_path / "w"), str(tmp_path / "e.json"), None)  # pylint: disable=protected-access
+  cfg, sft = _built_in_warm_start(tmp_path)
   schedule = make_schedule(sft.optimizer, sft.train.steps)
   assert float(schedule(cfg.warm_start.warmup_steps)) == pytest.approx(cfg.warm_start.lr)
   assert float(schedule(sft.train.steps)) < 1e-3 * cfg.warm_start.lr
