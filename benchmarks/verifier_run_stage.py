@@ -86,8 +86,7 @@ class ModelNew(nn.Module):
 '''
 _PARTS = ("slot", "total", "fork", "judge_start", "judge_run", "exit", "cleanup", "standby_wait",
           "timing_lock_wait", "timing_setup", "timing_warmup", "timing_calls", "timing_keep",
-          "timing_verify",
-          "profile")
+          "timing_verify_batch", "timing_verify", "profile")
 
 
 def _variant(text: str) -> tuple[str, dict]:

@@ -283,7 +283,8 @@ async def run_service(items: list[dict], latency_items: list[dict], args: argpar
           "machine_busy": (busy1 - busy0) / max(1, total1 - total0)}
 
 
-_UNDER_LOCK = ("timing_setup", "timing_warmup", "timing_calls", "timing_keep")
+_UNDER_LOCK = ("timing_setup", "timing_warmup", "timing_calls", "timing_keep",
+               "timing_verify_batch")
 
 
 def _worker_parts(scheduler: scheduler_lib.Scheduler) -> dict[str, tuple[float, int]]:

@@ -304,6 +304,55 @@ def test_timed_outputs_the_candidates_process_keeps_count_as_the_verifiers_memor
   assert _merge(dict(ended, **memory()), oom)[verdict.SHORT_OF_MEMORY] is True
 
 
+
+def test_the_timing_plan_checks_large_outputs_per_batch_and_refuses_what_the_share_cannot_hold():
+  """DICE 3497 (4 GiB outputs) on an H100 alone: 2 x (2 + 4) x 4 GiB of timed copies kept to the
+  end ran out of a 35.6 GiB share, charged to a known-good kernel. Drawn outputs over KEPT_BYTES
+  are now checked after their batch (the process holds one batch's copies), and a plan that still
+  cannot fit ends INFRA_ERROR before timing, marked for the run alone - never the candidate's."""
+  job = envelope.Job(job_id="cuda/0#1", reference_source="ref", candidate_source="cand",
+                     options=_OPTIONS, modules={}, kernel_names=(), kernel_namespaces=())
+
+  def plan(outputs: torch.Tensor, input_bytes: int, share: int) -> judge_lib.TimingPlan:
+    judge = judge_lib.Judge(envelope.Envelope(job=job, device="cpu", share=envelope.Share(
+        sandboxed=True, memory_bytes=share)), None, lambda _: None)
+    judge.spec, judge.input_bytes = wire.spec(outputs), input_bytes
+    return judge.timing_plan(verify=True)
+
+  small = plan(torch.zeros(1000), 1000, 40_000_000)
+  out = wire.payload_bytes(wire.spec(torch.zeros(1000)))
+  assert (small.batch, small.quota, small.each_batch) == (
+      judge_lib.BATCH_CALLS, judge_lib.VERIFIED_CALLS, False)
+  assert small.peak_bytes == judge_lib.timing_bytes(1000, out, small.batch, small.quota)
+  gib = 1 << 30
+  dice_3497 = torch.empty(gib, device="meta")  # 4 GiB of float32, never allocated
+  h100_alone = int(0.45 * 79.18 * gib)
+  large = plan(dice_3497, gib // 2, h100_alone)
+  assert (large.batch, large.quota, large.each_batch) == (2, judge_lib.MIN_VERIFIED_CALLS, True)
+  assert large.peak_bytes == gib + 2 * 2 * 4 * gib < h100_alone  # one batch's copies, no more
+  assert judge_lib.timing_bytes(gib // 2, 4 * gib, 2, 4) > h100_alone  # what ran out before
+  # The first kept output past KEPT_BYTES switches to checks per batch; below it, kept to the end.
+  edge = judge_lib.KEPT_BYTES // judge_lib.MIN_VERIFIED_CALLS
+  assert not plan(torch.empty(edge, dtype=torch.uint8, device="meta"), 0, 0).each_batch
+  assert plan(torch.empty(edge + 4096, dtype=torch.uint8, device="meta"), 0, 0).each_batch
+  # A slot's share on 4 slots of the H100 cannot hold even one batch's copies: INFRA_ERROR, with
+  # the bytes reported, so the verdict asks for the run alone (and the candidate is not blamed).
+  slot = int(0.1125 * 79.18 * gib)
+  judge = judge_lib.Judge(envelope.Envelope(job=job, device="cpu", share=envelope.Share(
+      sandboxed=True, memory_bytes=slot)), None, lambda _: None)
+  judge.spec, judge.input_bytes = wire.spec(dice_3497), gib // 2
+  with pytest.raises(judge_lib.Ended, match=r"need 17\.00 GiB .* share \(8\.91 GiB\)") as ended:
+    judge.timing_plan(verify=True)
+  assert ended.value.outcome == "INFRA_ERROR" and not ended.value.candidate
+  assert judge.memory() == envelope.Memory(large.peak_bytes, slot)
+  infra = dict(_JUDGE_OK, outcome="INFRA_ERROR", message=ended.value.message,
+               memory=dataclasses.asdict(judge.memory()))
+  merged = _merge(infra, _CAND_OK)
+  assert merged["outcome"] == "INFRA_ERROR" and merged[verdict.SHORT_OF_MEMORY] is True
+  # Any other INFRA_ERROR (the problem fits its share) is retried as before, not marked large.
+  fits = dict(infra, memory={"problem_bytes": slot - 1, "share_bytes": slot})
+  assert verdict.SHORT_OF_MEMORY not in _merge(fits, _CAND_OK)
+
 def test_judge_outcomes_and_policy_findings_reach_the_verdict():
   incorrect = dict(_JUDGE_OK, outcome="INCORRECT", message="trial 1: wrong")
   assert _merge(incorrect, _CAND_OK)["outcome"] == "INCORRECT"

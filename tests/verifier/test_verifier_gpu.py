@@ -159,13 +159,12 @@ def test_dice_infilling_candidates(gpu, dice_items):
 
 
 def test_a_problem_with_4_gib_outputs_is_ok_whatever_the_secret_draw(gpu, dice_items):
-  """DICE 3497's outputs take 4 GiB a call: the timed outputs its process keeps for the secret
-  check (judge.timing_bytes) fill that process's share by the end of the timing stage, whichever
-  calls the secret draw picks. That memory is the verifier's, so each draw (two seeds) must end OK:
-  alone on the GPU where the kept outputs ran out of the share (H200, 2026-12-04, before the judge
-  counted them: RUNTIME_ERROR in the DICE-99 run at 7edd487, OK in the four before). At 2 slots
-  every seed tried ran out at first and took 85-94 s alone, so two seeds keep this test near 5
-  minutes (312 s)."""
+  """DICE 3497's outputs take 4 GiB a call: kept to the end of timing, the outputs drawn for the
+  secret check (judge.timing_bytes) ran out of the candidate process's share (H200 at 2 slots,
+  2026-12-04; an H100 even alone, 2026-12-05: RUNTIME_ERROR charged to a known-good kernel). That
+  memory is the verifier's: such outputs are now checked after their batch (judge.TimingPlan), so
+  each draw (two seeds) must end OK. Before that change every seed ran out at 2 slots first and
+  took 85-94 s alone, and this test 312 s."""
   item = next((i for i in dice_items if i["id"] == 3497), None)
   if item is None:
     pytest.skip("DICE item 3497 is not in this DICE file")

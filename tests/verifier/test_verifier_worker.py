@@ -460,6 +460,49 @@ def test_out_of_memory_on_a_large_problem_runs_again_alone(cache_dir, toolchain)
   assert counts == [(1, 0), (1, 1)]
 
 
+
+_WIDE_REFERENCE = kernels.REFERENCE.replace(  # 160 MiB outputs: drawn ones exceed KEPT_BYTES
+    "torch.randn(64, 33), torch.randn(64, 33)",
+    "torch.randn(64, 1024, 640), torch.randn(64, 1024, 640)")
+_WRONG_WHEN_TIMED = kernels.cpp_candidate("scaled_add").replace(
+    "        self.scale = scale\n",
+    "        self.scale = scale\n        self.calls = 0\n").replace(
+    "        return ext.scaled_add(a, b, self.scale)",
+    "        self.calls += 1  # 1 trial, 2 repeated calls, 1 aftermath call: right; then wrong\n"
+    "        return ext.scaled_add(a, b, self.scale if self.calls <= 4 else 2 * self.scale)")
+
+
+@pytest.mark.slow
+def test_large_outputs_are_checked_batch_by_batch_and_a_cheat_is_still_caught(cpu_server):
+  """Drawn timed outputs over KEPT_BYTES (here 4 x 160 MiB) are read back and compared after their
+  batch instead of after timing (judge.TimingPlan: the DICE 3497 fix). A right candidate is still
+  OK and timed; one that is right on every checked call before timing and wrong on every timed
+  call is still caught by that check (2 timing trials: all 4 timed calls are drawn). Each run took
+  ~80 s on a 2-core VM (2026-12-05; 480 MiB of bytes a trial), hence one trial and a long limit."""
+  assert "1024, 640" in _WIDE_REFERENCE and "2 * self.scale" in _WRONG_WHEN_TIMED
+  registry = cpu_server.scheduler.metrics.registry
+  per_batch = lambda: registry.get_sample_value(
+      "dice_verifier_worker_seconds_count", {"part": "timing_verify_batch"}) or 0
+
+  def run(name: str, candidate: str) -> pb.Verdict:
+    return cpu_server.stub().Verify(pb.VerifyRequest(
+        request_id=f"wide-{name}-{time.monotonic_ns()}", reference_source=_WIDE_REFERENCE,
+        candidate_source=candidate, options=pb.VerifyOptions(
+            num_correctness_trials=1, num_timing_trials=2, run_timeout_s=300)), timeout=900)
+
+  before = per_batch()
+  right = run("right", kernels.cpp_candidate("scaled_add"))
+  assert right.outcome == pb.OK, right.message
+  assert right.timing.candidate.num_trials == 2 and right.timing.speedup > 0
+  assert per_batch() == before + 1  # one job, checked batch by batch
+  cheat = run("cheat", _WRONG_WHEN_TIMED)
+  assert cheat.outcome == pb.REJECTED, (cheat.outcome, cheat.message)
+  assert [e.kind for e in cheat.exploits] == [pb.OUTPUT_CACHING], cheat.exploits
+  assert "did not match the reference" in cheat.exploits[0].evidence
+  # Small outputs keep the drawn calls to the end, as before.
+  small = verify(cpu_server, "scaled_add")
+  assert small.outcome == pb.OK and per_batch() == before + 2
+
 def test_monkey_patching_torch_is_rejected(cpu_server):
   candidate = kernels.cpp_candidate("slightly_off").replace(
       "class ModelNew", "torch.allclose = lambda *a, **k: True\n\n\nclass ModelNew")

@@ -8,10 +8,11 @@ INFRA_ERROR is retried once, alone on its GPU with every slot's share of its mem
 share's: a candidate process that ran out of GPU memory on a problem large for a slot's share
 (trusted/verdict.short_of_memory) gets that one run alone too, when the GPU has several slots.
 The retry's verdict stands. Such a problem is remembered (`LARGE_PROBLEMS` of them, by reference
-text): its later candidates run alone from their first attempt, since at a slot's share the
-judge's own timed outputs would run out again (DICE 3497 on the H200, 2026-12-04: each of six
-runs, seeds 1-4, ran out at 2 slots, then took 93-94 s alone; an RL step sends G samples of a
-problem, and each first attempt held a slot for nothing).
+text), as is one whose timing copies the judge found larger than a slot's share (an INFRA_ERROR
+before timing, judge.timing_plan): its later candidates run alone from their first attempt,
+since at a slot's share the judge's own timed outputs would run out again (DICE 3497 on the
+H200, 2026-12-04: each of six runs, seeds 1-4, ran out at 2 slots, then took 93-94 s alone; an
+RL step sends G samples of a problem, and each first attempt held a slot for nothing).
 
 Admission is bounded: at most `queue_capacity` distinct requests are in flight (waiting for the
 compile pool, compiling, waiting for a slot, or running); beyond that `QueueFull` is raised and the

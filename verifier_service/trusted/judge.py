@@ -21,7 +21,10 @@ In order:
      values (the same rolls on both sides). After each batch the judge decides, by a secret
      random draw, which of the candidate's outputs to read back and compare with its own for the
      same values (OUTPUT_CACHING; SIDE_STREAM when it was right only later), within a byte
-     budget. Batches keep the round trips between the processes to a few per job.
+     budget. Batches keep the round trips between the processes to a few per job. A problem
+     whose drawn outputs would not fit KEPT_BYTES has them checked after their batch instead of
+     after timing, and one whose timing copies cannot fit the candidate process's memory share
+     at all ends INFRA_ERROR before timing (`timing_plan`).
    - profile: the candidate's own kernels launched and their share of the GPU time (its process
      reports them), and the partial-replacement policy on that split. Last, so that no profiler
      session runs before a timed call in either process.
@@ -81,6 +84,25 @@ def timing_bytes(input_bytes: int, output_bytes: int, batch_calls: int, kept_cal
   two come to 48 GiB in that process, our memory, not the candidate's; counted, running out there
   earns the run alone on its GPU (verdict.short_of_memory) instead of a RUNTIME_ERROR."""
   return 2 * input_bytes + 2 * (batch_calls + kept_calls) * output_bytes
+
+
+@dataclasses.dataclass(frozen=True)
+class TimingPlan:
+  """How the timing stage runs on one problem (`Judge.timing_plan`): timed calls per batch, calls
+  drawn for the secret check in all, whether each batch's drawn calls are read back and compared
+  right after it (`each_batch`) rather than after timing, and the bytes that makes the candidate's
+  process hold at most (`timing_bytes`).
+
+  Decision: drawn calls whose outputs add up to more than KEPT_BYTES are checked after their batch,
+  under the GPU's timing lock. Kept to the end they held 2 x 4 x 4 GiB on DICE 3497, which with a
+  batch of two ran out of a 35.6 GiB share even alone on an H100 (2026-12-05); checked per batch,
+  that process holds at most the batch's copies. The read-back costs the lock a few round trips,
+  on such problems only (outputs over 128 MiB); what is compared is the same snapshot."""
+
+  batch: int
+  quota: int
+  each_batch: bool
+  peak_bytes: int
 
 
 class Ended(Exception):
@@ -416,6 +438,26 @@ class Judge:
     self.result["findings"].append((kind, f"timed call {calls[k]}: output did not match the "
                                     "reference for that call's inputs when the timer stopped"))
 
+  def timing_plan(self, verify: bool) -> TimingPlan:
+    """The timing stage's batches and secret check for this problem (`TimingPlan`), decided on the
+    reference's output layout and the largest trial's inputs. When the copies it makes the
+    candidate's process hold cannot fit that process's memory share, the run ends here,
+    INFRA_ERROR (this slot cannot time the problem: the verifier's fault, never the candidate's),
+    and `memory` reports those bytes, so the scheduler runs it once more alone on its GPU."""
+    per_call = max(1, wire.payload_bytes(self.spec))
+    batch = max(2, min(BATCH_CALLS, KEPT_BYTES // per_call)) // 2 * 2
+    quota = max(MIN_VERIFIED_CALLS, min(VERIFIED_CALLS, VERIFY_BUDGET_BYTES // per_call)) if (
+        verify) else 0
+    each_batch = quota * per_call > KEPT_BYTES
+    peak = timing_bytes(self.input_bytes, per_call, batch, 0 if each_batch else quota)
+    share = self.memory().share_bytes
+    if share and peak > share:
+      self.held_bytes = max(self.held_bytes, peak)
+      raise Ended(enums.INFRA_ERROR, f"the timing stage's copies of inputs and outputs need "
+                  f"{peak / 2**30:.2f} GiB in the candidate's process, more than its memory share "
+                  f"({share / 2**30:.2f} GiB): this slot cannot time this problem")
+    return TimingPlan(batch, quota, each_batch, peak)
+
   def time_both(self, core: int | None, warmup_s: float = timing.WARMUP_S) -> None:
     """Timing, in batches of calls: the judge times a batch of the reference, the candidate's
     process a batch of the candidate on the same rolls, then (by a secret draw) some of the
@@ -428,6 +470,7 @@ class Judge:
     mark = time.monotonic()
     base = problem.inputs(self.get_inputs, self.seed + 1, self.device, self.dtype)
     rolling, verify = self.timing_checks(base)
+    plan = self.timing_plan(verify)  # ends the run here if our copies cannot fit the share
     buf = problem.clone_tree(base)
     timer = timing.Timer(self.device)
     mark = self.part("timing_setup", mark)
@@ -441,13 +484,10 @@ class Judge:
       self.answer(warmup)
     mark = self.part("timing_warmup", mark)
     trials = self.opts.num_timing_trials
-    per_call = max(1, wire.payload_bytes(self.spec))
-    batch = max(2, min(BATCH_CALLS, KEPT_BYTES // per_call)) // 2 * 2
+    batch, quota = plan.batch, plan.quota
     rng = random.Random(self.seed)  # (shift, cold) per call: cold, warm, cold, warm, ...
     calls = [(rng.randrange(1, 1 << 30) if rolling else 0, i % 2 == 0) for i in range(2 * trials)]
     secret = random.Random(secrets.randbits(64))
-    quota = max(MIN_VERIFIED_CALLS, min(VERIFIED_CALLS, VERIFY_BUDGET_BYTES // per_call)) if (
-        verify) else 0
     samples: dict[bool, dict[str, list[float]]] = {True: {"ref": [], "cand": []},
                                                    False: {"ref": [], "cand": []}}
     for b, start in enumerate(range(0, len(calls), batch)):
@@ -486,6 +526,10 @@ class Judge:
         self.kept_calls += [start + k for k in chosen]
         self.kept_outputs += kept
         mark = self.part("timing_keep", mark)
+        if plan.each_batch:
+          self.check_timed_outputs()
+          self.ask({"op": "drop"})  # both sides now hold only the next batch's copies
+          mark = self.part("timing_verify_batch", mark)
     ref, cand = timing.stats(samples[True]["ref"]), timing.stats(samples[True]["cand"])
     ref_w, cand_w = timing.stats(samples[False]["ref"]), timing.stats(samples[False]["cand"])
     self.result["timing"] = {

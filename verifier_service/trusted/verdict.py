@@ -22,7 +22,8 @@ ended in. Timeouts are the pool's to classify (it kills both processes).
 
 A RUNTIME_ERROR that was the device allocator running out of memory in the candidate's process,
 on a problem large for that process's share (`short_of_memory`), carries SHORT_OF_MEMORY: the
-scheduler then runs the job once more alone on its GPU, and that run's verdict stands.
+scheduler then runs the job once more alone on its GPU, and that run's verdict stands. So does the
+INFRA_ERROR of a problem whose timing copies the judge found too large for that share.
 """
 
 from __future__ import annotations
@@ -119,15 +120,20 @@ def _untrusted(report: envelope.CandidateReport | None) -> envelope.CandidateRep
           out_of_memory=error.out_of_memory))
 
 
-def short_of_memory(judge_report: envelope.JudgeReport | None,
+def short_of_memory(outcome: str, judge_report: envelope.JudgeReport | None,
                     cand_report: envelope.CandidateReport | None) -> bool:
-  """The candidate's process ran out of device memory (its own word: at worst it buys itself one
-  more run) on a problem the judge measured at MEMORY_RETRY_SHARE of that process's share or more
-  (the judge's word, which decides)."""
+  """A RUNTIME_ERROR: the candidate's process ran out of device memory (its own word: at worst it
+  buys itself one more run) on a problem the judge measured at MEMORY_RETRY_SHARE of that
+  process's share or more (the judge's word, which decides). An INFRA_ERROR: the judge found the
+  verifier's own copies larger than the share (judge.timing_plan) and timed nothing."""
   memory = judge_report.memory if judge_report is not None else None
-  if memory is None or cand_report is None or cand_report.error is None:
+  if memory is None or memory.share_bytes <= 0:
     return False
-  return cand_report.error.out_of_memory and memory.share_bytes > 0 and (
+  if outcome == enums.INFRA_ERROR:
+    return memory.problem_bytes > memory.share_bytes
+  if outcome != enums.RUNTIME_ERROR or cand_report is None or cand_report.error is None:
+    return False
+  return cand_report.error.out_of_memory and (
       memory.problem_bytes >= MEMORY_RETRY_SHARE * memory.share_bytes)
 
 
@@ -188,6 +194,6 @@ def merge(options: job_lib.JobOptions, judge: dict[str, Any], cand: dict[str, An
                                            for f in verdict["exploits"]):
     verdict.update(outcome=enums.REJECTED, message="")  # stopped for that finding: it is the reason
   verdict = exploits.apply_policy(verdict)
-  if verdict["outcome"] == enums.RUNTIME_ERROR and short_of_memory(report, cand["report"]):
+  if short_of_memory(verdict["outcome"], report, cand["report"]):
     verdict[SHORT_OF_MEMORY] = True
   return verdict

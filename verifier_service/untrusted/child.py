@@ -28,8 +28,10 @@ Order:
    aftermath S   side streams and threads (probes.py)
    warmup S C    warm-up calls on the inputs of seed S, on the judge's timing CPU core C
    time          a batch of timed calls (run/timing.py), each on the inputs rolled as the judge says
-   output        outputs of calls of the last batch, as snapshotted when each timer stopped
-                 ("early") or as they are now ("late")
+   keep          the calls of the last batch the judge drew for its secret check, kept
+   output        outputs of the kept calls, as snapshotted when each timer stopped ("early") or
+                 as they are now ("late")
+   drop          forget the kept calls (the judge checked them after their batch: large outputs)
    profile S     own kernels launched and their share of the time (GPU: CUPTI; CPU: op times);
                  after timing: a CUPTI session slows every later launch in the process
    finish        the end: final checks, then the report
@@ -398,6 +400,12 @@ class CandidateSide:
       self.kept_outs.append(self.outs[int(index)])
     return {}
 
+  def on_drop(self, header: dict[str, Any]) -> dict[str, Any]:
+    """Forgets the kept calls: the judge has read back and compared them (judge.TimingPlan)."""
+    del header
+    self.kept_early, self.kept_outs = [], []
+    return {}
+
   def on_output(self, header: dict[str, Any]) -> tuple[dict[str, Any], list[Any]]:
     """Outputs of the kept calls (by index among them), as snapshotted when the timer stopped or
     as they are now."""
@@ -419,7 +427,8 @@ def serve(side: CandidateSide) -> bool:
   handlers = {"meta": side.on_meta, "load": side.on_load, "trial": side.on_trial,
               "repeat": side.on_repeat, "aftermath": side.on_aftermath,
               "profile": side.on_profile, "warmup": side.on_warmup, "time": side.on_time,
-              "output": side.on_output, "keep": side.on_keep, "finish": side.on_finish}
+              "output": side.on_output, "keep": side.on_keep, "drop": side.on_drop,
+              "finish": side.on_finish}
   while True:
     try:
       header, _ = side.chan.recv()
