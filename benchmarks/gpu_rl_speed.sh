@@ -10,22 +10,25 @@
 #   bash benchmarks/gpu_rl_speed.sh DICE_JSON suites    # ~9 min: the GPU hostile suite
 #       (tests/adversarial/test_adversarial_gpu.py, 100-108 s on 2026-12-04),
 #       tests/verifier/test_verifier_gpu.py but its DICE 3497 test (DICE's 99 included: 205 s plus
-#       a 53 s start-up; 331 s in all on 2026-12-05), and verifier_run_stage.py (64 jobs of one
+#       a 53 s start-up, 331 s in all, on 2026-12-05 while 3497 failed fast; DICE's 99 alone took
+#       377 s on an H100 once 3497 ran to OK), and verifier_run_stage.py (64 jobs of one
 #       kernel at 4 slots: the next pair set up after the running job's timing vs at its fork,
 #       and both sides' warm-ups one after the other vs at once; jobs/s and median speedup, two
 #       rounds each) if time is left
 #   bash benchmarks/gpu_rl_speed.sh DICE_JSON memory    # ~6 min: the DICE 3497 test (4 GiB
-#       outputs, two seeds, each retried alone: 312 s on 2026-12-04)
+#       outputs, two seeds: 312 s on the H200 on 2026-12-04, each retried alone; 303 s on an H100
+#       on 2026-12-05, checked per batch, OK at once)
 #   bash benchmarks/gpu_rl_speed.sh DICE_JSON timing    # ~9 min: verifier_timing.py at 1 slot
-#       (item 4; 105 s on an H100 on 2026-12-05), verifier_run_stage.py's fork/together variants,
-#       and verifier_split_compile.py --further-includes --warm-front-ends (its shared build took
-#       65 s there; it did not finish in 200 s)
+#       (item 4; 105 s on an H100 on 2026-12-05), verifier_timing_state.py (which state of the
+#       candidate's process slows its calls: one process per state), verifier_run_stage.py's
+#       fork/together variants; SPLIT_S=N adds verifier_split_compile.py --further-includes
+#       --warm-front-ends (its shared build took 65 s there; it did not finish in 200 s)
 #
 # The DICE file does not travel with ../shared: copy ../shared/data/dice/ into .carry/dice
 # (git-ignored) and carry `.carry`; wheels in .whl/ (../shared/device/wheels.sh: the image lacks
 # grain, array-record, portpicker, pyseccomp, grpcio-health-checking, grpcio-reflection) are
 # installed first. Stage limits: TESTS_S, BURST_S, THROUGHPUT_S, FRONT_ENDS_S (first part) and
-# ADVERSARIAL_S, DICE_S, RUN_STAGE_S (second part), TIMING_S, RUN_STAGE_S, SPLIT_S (timing);
+# ADVERSARIAL_S, DICE_S, RUN_STAGE_S (second part), TIMING_S, STATE_S, RUN_STAGE_S, SPLIT_S (timing);
 # TESTS_S=0 and RUN_STAGE_S=0 skip those stages,
 # FRONT_ENDS_S=N adds verifier_warm_front_ends.py --split on 32 DICE candidates (its start-up took
 # 88 s on the H200). BURST_ARGS and THROUGHPUT_ARGS pass flags on (e.g. "--server-set
@@ -92,7 +95,7 @@ case "$PART" in
     stage adversarial "${ADVERSARIAL_S:-160}" python3 -m pytest -q -m gpu -p no:cacheprovider -rs \
       tests/adversarial/test_adversarial_gpu.py
     export DICE_INFILLING_JSON="$DATA" DICE_REPORT_DIR="$OUT"
-    stage verifier_gpu "${DICE_S:-380}" python3 -m pytest -q -m gpu -p no:cacheprovider -rs \
+    stage verifier_gpu "${DICE_S:-400}" python3 -m pytest -q -m gpu -p no:cacheprovider -rs \
       tests/verifier/test_verifier_gpu.py -k "not 4_gib"
     run_stage_variants "${RUN_STAGE_S:-130}"
     echo
@@ -110,15 +113,21 @@ case "$PART" in
     grep -E "DICE 3497|passed|failed" "$OUT/memory.log"
     ;;
   timing)
-    stage timing "${TIMING_S:-200}" python3 benchmarks/verifier_timing.py "$DATA" --pairs 20 --slots-per-gpu 1
-    run_stage_variants "${RUN_STAGE_S:-200}"
-    stage split "${SPLIT_S:-150}" python3 benchmarks/verifier_split_compile.py --data "$DATA" \
-      --further-includes --warm-front-ends
+    stage timing "${TIMING_S:-170}" python3 benchmarks/verifier_timing.py "$DATA" --pairs 20 \
+      --slots-per-gpu 1 --cache-dir /tmp/gpu_rl_speed_cache --out "$OUT/timing_rows.json"
+    stage state "${STATE_S:-200}" python3 benchmarks/verifier_timing_state.py "$DATA" --pairs 12 \
+      --cache-dir /tmp/gpu_rl_speed_cache --out "$OUT/timing_state.json"
+    run_stage_variants "${RUN_STAGE_S:-150}"
+    if [ "${SPLIT_S:-0}" != 0 ]; then
+      stage split "$SPLIT_S" python3 benchmarks/verifier_split_compile.py --data "$DATA" \
+        --further-includes --warm-front-ends
+    fi
     echo
     cat "$OUT/stages.txt"
     echo "--- verifier_timing.py"; sed -n '/^summary:/,$p' "$OUT/timing.log" | head -30
+    echo "--- verifier_timing_state.py"; grep -E "^(none|audit|trace|ops|both) " "$OUT/state.log"
     run_stage_summary
-    echo "--- verifier_split_compile.py"; tail -12 "$OUT/split.log"
+    [ -f "$OUT/split.log" ] && { echo "--- verifier_split_compile.py"; tail -12 "$OUT/split.log"; }
     ;;
   *) echo "unknown part $PART (main, suites, memory or timing)"; exit 2 ;;
 esac
