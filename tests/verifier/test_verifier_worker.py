@@ -460,7 +460,6 @@ def test_out_of_memory_on_a_large_problem_runs_again_alone(cache_dir, toolchain)
   assert counts == [(1, 0), (1, 1)]
 
 
-
 _WIDE_REFERENCE = kernels.REFERENCE.replace(  # 160 MiB outputs: drawn ones exceed KEPT_BYTES
     "torch.randn(64, 33), torch.randn(64, 33)",
     "torch.randn(64, 1024, 640), torch.randn(64, 1024, 640)")
@@ -502,6 +501,7 @@ def test_large_outputs_are_checked_batch_by_batch_and_a_cheat_is_still_caught(cp
   # Small outputs keep the drawn calls to the end, as before.
   small = verify(cpu_server, "scaled_add")
   assert small.outcome == pb.OK and per_batch() == before + 2
+
 
 def test_monkey_patching_torch_is_rejected(cpu_server):
   candidate = kernels.cpp_candidate("slightly_off").replace(
