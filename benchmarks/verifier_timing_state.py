@@ -91,20 +91,17 @@ def batched(model, base, trials: int, device: torch.device, hold: bool) -> float
   timer = timing.Timer(device)
   buf = problem.clone_tree(base)
   timing.warm_up(lambda: (model(*buf), _sync(device)))
-  per_call = max(1, wire.payload_bytes(wire.spec(model(*buf))))  # judge.timing_plan's batch
-  batch = max(2, min(judge.BATCH_CALLS, judge.KEPT_BYTES // per_call)) // 2 * 2
-  quota = max(judge.MIN_VERIFIED_CALLS, min(judge.VERIFIED_CALLS,
-                                            judge.VERIFY_BUDGET_BYTES // per_call))
-  drawn = set(range(1, 2 * trials, max(1, 2 * trials // quota))[:quota])  # the secret draw's count
-  each_batch = quota * per_call > judge.KEPT_BYTES
+  plan = judge.plan_timing(0, wire.payload_bytes(wire.spec(model(*buf))), verify=True)
+  # As many calls kept as the secret draw keeps, at fixed places.
+  drawn = set(range(1, 2 * trials, max(1, 2 * trials // plan.quota))[:plan.quota])
   rng = random.Random(1)
   calls = [(rng.randrange(1, 1 << 30), i % 2 == 0) for i in range(2 * trials)]
   kept, cold = [], []
-  for start in range(0, len(calls), batch):
+  for start in range(0, len(calls), plan.batch):
     early: list = []
     outs = []
     keep = (lambda out, early=early: early.append(problem.clone_tree(out))) if hold else None
-    for shift, is_cold in calls[start:start + batch]:
+    for shift, is_cold in calls[start:start + plan.batch]:
       problem.copy_into(buf, problem.roll(base, shift))
       elapsed, out = timer(lambda: model(*buf), is_cold, keep)
       if hold:
@@ -112,7 +109,7 @@ def batched(model, base, trials: int, device: torch.device, hold: bool) -> float
       if is_cold:
         cold.append(elapsed)
     if hold:
-      kept = [] if each_batch else kept  # checked after their batch (judge.TimingPlan)
+      kept = [] if plan.each_batch else kept  # checked after their batch (judge.TimingPlan)
       kept += [(early[k], outs[k]) for k in range(len(outs)) if start + k in drawn]
   return statistics.median(cold)
 

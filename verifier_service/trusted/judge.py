@@ -105,6 +105,18 @@ class TimingPlan:
   peak_bytes: int
 
 
+def plan_timing(input_bytes: int, output_bytes: int, verify: bool) -> TimingPlan:
+  """The timing stage's plan for a problem whose largest trial's inputs take `input_bytes` and
+  whose outputs take `output_bytes` a call (`verify`: timed outputs are checked at all)."""
+  per_call = max(1, output_bytes)
+  batch = max(2, min(BATCH_CALLS, KEPT_BYTES // per_call)) // 2 * 2
+  quota = max(MIN_VERIFIED_CALLS, min(VERIFIED_CALLS, VERIFY_BUDGET_BYTES // per_call)) if (
+      verify) else 0
+  each_batch = quota * per_call > KEPT_BYTES
+  return TimingPlan(batch, quota, each_batch,
+                    timing_bytes(input_bytes, per_call, batch, 0 if each_batch else quota))
+
+
 class Ended(Exception):
   """Ends the judge's run with an outcome (None: the candidate's side decides, see verdict.py).
 
@@ -444,19 +456,14 @@ class Judge:
     candidate's process hold cannot fit that process's memory share, the run ends here,
     INFRA_ERROR (this slot cannot time the problem: the verifier's fault, never the candidate's),
     and `memory` reports those bytes, so the scheduler runs it once more alone on its GPU."""
-    per_call = max(1, wire.payload_bytes(self.spec))
-    batch = max(2, min(BATCH_CALLS, KEPT_BYTES // per_call)) // 2 * 2
-    quota = max(MIN_VERIFIED_CALLS, min(VERIFIED_CALLS, VERIFY_BUDGET_BYTES // per_call)) if (
-        verify) else 0
-    each_batch = quota * per_call > KEPT_BYTES
-    peak = timing_bytes(self.input_bytes, per_call, batch, 0 if each_batch else quota)
-    share = self.memory().share_bytes
+    plan = plan_timing(self.input_bytes, wire.payload_bytes(self.spec), verify)
+    share, peak = self.memory().share_bytes, plan.peak_bytes
     if share and peak > share:
       self.held_bytes = max(self.held_bytes, peak)
       raise Ended(enums.INFRA_ERROR, f"the timing stage's copies of inputs and outputs need "
                   f"{peak / 2**30:.2f} GiB in the candidate's process, more than its memory share "
                   f"({share / 2**30:.2f} GiB): this slot cannot time this problem")
-    return TimingPlan(batch, quota, each_batch, peak)
+    return plan
 
   def time_both(self, core: int | None, warmup_s: float = timing.WARMUP_S) -> None:
     """Timing, in batches of calls: the judge times a batch of the reference, the candidate's
