@@ -125,7 +125,7 @@ case "$PART" in
     echo
     cat "$OUT/stages.txt"
     echo "--- verifier_timing.py"; sed -n '/^summary:/,$p' "$OUT/timing.log" | head -30
-    echo "--- verifier_timing_state.py"; grep -E "^(none|audit|trace|ops|both) " "$OUT/state.log"
+    echo "--- verifier_timing_state.py"; grep -E "^(none|calls|dynamo|audit|trace|ops|both|mon) " "$OUT/state.log"
     run_stage_summary
     [ -f "$OUT/split.log" ] && { echo "--- verifier_split_compile.py"; tail -12 "$OUT/split.log"; }
     ;;

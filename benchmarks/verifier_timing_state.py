@@ -17,10 +17,14 @@ then puts the process in one `--states` state, as the candidate's process is by 
 timed, and times `child` again:
 
   none    nothing (drift)
+  calls   five calls of each model, nothing observing them (the control for the next three)
+  dynamo  torch._dynamo imported (the first TorchDispatchMode imports it)
   audit   guards.Tripwire installed and armed (the candidate's audit hook)
   trace   five calls of each model under guards.ForwardTracer (sys.settrace, as the trials)
   ops     five calls under ops.OpRecorder (a TorchDispatchMode, as the trials)
   both    five calls under both (what the trials do)
+  mon     five calls under a sys.monitoring tool (PY_START and RAISE, Python 3.12+), freed after:
+          what ForwardTracer would be on sys.monitoring
 
 Prints per state the median over pairs of child-after / plain and child-after - plain (us) for
 each side: a state whose ratio stands out is where the verdict's extra time comes from.
@@ -34,6 +38,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import importlib
 import json
 import pathlib
 import random
@@ -55,7 +60,7 @@ from verifier_service.service import scheduler as scheduler_lib  # noqa: E402
 from verifier_service.trusted import judge  # noqa: E402
 from verifier_service.untrusted import child, guards  # noqa: E402
 
-STATES = ("none", "audit", "trace", "ops", "both")
+STATES = ("none", "calls", "dynamo", "audit", "trace", "ops", "both", "mon")
 
 
 def compile_modules(pairs: list[dict], cache_dir: pathlib.Path) -> dict[str, str]:
@@ -114,13 +119,41 @@ def batched(model, base, trials: int, device: torch.device, hold: bool) -> float
   return statistics.median(cold)
 
 
+@contextlib.contextmanager
+def monitored():
+  """PY_START and RAISE events through a free sys.monitoring tool, as ForwardTracer records."""
+  mon = sys.monitoring  # type: ignore[attr-defined]  # pylint: disable=no-member
+  tool = next(t for t in range(6) if mon.get_tool(t) is None)
+  mon.use_tool_id(tool, "timing-state")
+  seen: list = []
+  def start(code, offset):
+    del offset
+    seen.append(code.co_filename)
+    return mon.DISABLE
+  mon.register_callback(tool, mon.events.PY_START, start)
+  mon.register_callback(tool, mon.events.RAISE, lambda code, offset, exc: seen.append(exc))
+  mon.set_events(tool, mon.events.PY_START | mon.events.RAISE)
+  try:
+    yield
+  finally:
+    mon.set_events(tool, 0)
+    mon.register_callback(tool, mon.events.PY_START, None)
+    mon.register_callback(tool, mon.events.RAISE, None)
+    mon.free_tool_id(tool)
+    mon.restart_events()
+
+
 def enter_state(state: str, built: list) -> None:
   """Puts this process in `state` (see the module's docstring)."""
+  if state == "dynamo":
+    importlib.import_module("torch._dynamo")
   if state == "audit":
     tripwire = guards.Tripwire({problem.CANDIDATE_FILE}, tempfile.mkdtemp(), [])
     tripwire.install()
     tripwire.armed = True
-  if state in ("trace", "ops", "both"):
+  if state == "mon" and not hasattr(sys, "monitoring"):
+    raise SystemExit("state mon needs Python 3.12+ (sys.monitoring)")
+  if state in ("calls", "trace", "ops", "both", "mon"):
     for _, ref, cand, inputs in built:
       for model in (ref, cand):
         for _ in range(5):
@@ -130,6 +163,8 @@ def enter_state(state: str, built: list) -> None:
               stack.enter_context(ops.OpRecorder())
             if state in ("trace", "both"):
               stack.enter_context(guards.ForwardTracer({"candidate.py"}, {"reference.py"}))
+            if state == "mon":
+              stack.enter_context(monitored())
             model(*inputs)
 
 
