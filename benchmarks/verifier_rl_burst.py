@@ -111,13 +111,14 @@ class Served:
     self.call(settle())
 
   def counters(self) -> dict[str, float]:
-    """Monotone counters of the server: compiles, job seconds, verdict-cache hits."""
+    """Monotone counters of the server: compiles, job seconds, verdict- and program-cache hits."""
     metrics = self.scheduler.metrics.registry.get_sample_value
     out = {"compiles": metrics("dice_verifier_compile_cache_total", {"result": "miss"}) or 0.0,
            "compile_hits": metrics("dice_verifier_compile_cache_total", {"result": "hit"}) or 0.0,
            "jobs": metrics("dice_verifier_worker_seconds_count", {"part": "slot"}) or 0.0,
            "job_s": metrics("dice_verifier_worker_seconds_sum", {"part": "slot"}) or 0.0,
            "verdict_cache_hits": float(self.scheduler.verdict_cache_hits),
+           "program_cache_hits": float(self.scheduler.program_cache_hits),
            "verdicts": float(self.scheduler.verdicts_total)}
     # The job processes' own CPU, by part, as their workers reaped them (a slot's last job's
     # arrives with its next job: a step's figures lag by up to one job per slot).
@@ -226,6 +227,7 @@ def run_step(conn: connect_lib.Connection, served: Served, samples: list[mix_lib
       "client_cache_hits": (stats1.get("cache_hits", 0) - stats0.get("cache_hits", 0)
                             + stats1.get("deduplicated", 0) - stats0.get("deduplicated", 0)),
       "server_verdicts": delta["verdicts"], "server_verdict_cache_hits": delta["verdict_cache_hits"],
+      "server_program_cache_hits": delta["program_cache_hits"],
       "compiles": delta["compiles"], "compile_cache_hits": delta["compile_hits"],
       "compile_cpu_s": delta["children_cpu_s"],
       "cpu_s_per_compile": delta["children_cpu_s"] / delta["compiles"] if delta["compiles"] else 0,
@@ -278,7 +280,9 @@ def _print_step(index: int, step: dict) -> None:
   print(f"step {index}: {step['completions']} completions in {step['wall_s']:.1f} s = "
         f"{step['verdicts_per_s']:.2f} verdicts/s; {step['requests_sent']} reached the server "
         f"({step['client_cache_hits']} answered by the client's cache, "
-        f"{step['server_verdict_cache_hits']:.0f} by the server's); {step['compiles']:.0f} compiles "
+        f"{step['server_verdict_cache_hits']:.0f} by the server's verdict cache, "
+        f"{step['server_program_cache_hits']:.0f} by its program cache); "
+        f"{step['compiles']:.0f} compiles "
         f"at {step['cpu_s_per_compile']:.1f} CPU-s each; {step['jobs']:.0f} GPU jobs at "
         f"{step['gpu_s_per_job']:.2f} s each; stage medians (s): {stages}; machine CPU "
         f"{100 * step['machine_cpu_busy']:.0f}%", flush=True)

@@ -85,6 +85,26 @@ def test_the_benchmark_runs_end_to_end_and_writes_its_figures(tmp_path):
   assert "step 2: 8 completions" in proc.stdout and "targets (one 16-core H200 box)" in proc.stdout
 
 
+def test_near_duplicates_are_counted_as_the_servers_program_cache_hits(tmp_path):
+  """A near duplicate (the same program laid out otherwise) reaches the server and is answered by
+  its program cache (text_key.py); the step reports those answers apart from the verdict cache's."""
+  out = tmp_path / "burst.json"
+  proc = subprocess.run(
+      [sys.executable, str(ROOT / "benchmarks" / "verifier_rl_burst.py"), "--dry", "--no-gpu",
+       "--synthetic-share", "1", "--problems-per-step", "2", "--samples", "4", "--steps", "2",
+       "--compile-workers", "1", "--mix", "correct=0.5,near_duplicate=0.5", "--json", str(out)],
+      capture_output=True, text=True, timeout=120, cwd=ROOT)
+  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+  steps = json.loads(out.read_text())["steps"]
+  for step in steps:
+    near = sum(step["outcomes_by_kind"].get("near_duplicate", {}).values())
+    answered = step["server_program_cache_hits"] + step["client_cache_hits"]
+    assert near and answered >= near, step
+    assert step["server_verdict_cache_hits"] == 0
+  assert sum(s["server_program_cache_hits"] for s in steps) > 0
+  assert "by its program cache" in proc.stdout
+
+
 def test_a_steps_slot_parts_are_means_over_its_jobs_largest_first():
   import verifier_rl_burst as burst  # pylint: disable=import-outside-toplevel
   delta = {"slot_part_s:exit": 1.5, "slot_part_n:exit": 3.0, "slot_part_s:fork": 0.0,
