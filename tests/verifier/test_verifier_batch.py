@@ -78,6 +78,13 @@ def test_a_member_keeps_its_lines_and_lists_its_includes_once():
     ("using std::max;\n__global__ void k() {}", "using-declaration"),
     ("} int leaked = 1; struct again {", "did not open"),
     ("__global__ void k(int* x) { x[0] = __COUNTER__; }", "__COUNTER__"),
+    # The file macros read otherwise in a batch (its member file, one include level down).
+    ("__global__ void k(int* x) { x[0] = __INCLUDE_LEVEL__; }", "__INCLUDE_LEVEL__"),
+    ("#if __INCLUDE_LEVEL__ > 0\n__global__ void k() {}\n#endif", "__INCLUDE_LEVEL__"),
+    ("static const char* f = __FILE__;\n__global__ void k() {}", "__FILE__"),
+    ("#define WHERE __BASE_FILE__\n__global__ void k() {}", "__BASE_FILE__"),
+    ("static const char* t = __TIMESTAMP__;", "__TIMESTAMP__"),
+    ("static const char* n = __FILE_NAME__;", "__FILE_NAME__"),
     ("#undef TORCH_CHECK\n__global__ void k() {}", "did not define"),
     ("struct V { float x; };\nV operator+(V a, V b) { return a; }", "operator"),
     ("namespace { __device__ float max(float a, float b) { return a; } }", "namespace"),

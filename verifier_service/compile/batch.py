@@ -15,9 +15,12 @@ Each member keeps the meaning it has alone, and cannot reach another member's pr
   Conditional directives must balance within each file (the preprocessor checks that per file).
 - `refusal` keeps off every source whose meaning could change inside a namespace or leak past its
   file: extern "C", asm, attributes and pragmas other than loop unrolling, operators, explicit
-  specialisations, using-declarations, __COUNTER__, macros the headers also define, macros used
-  where they could declare names, and any name it declares at namespace scope that the headers
-  also use at global scope (inside a namespace it would hide the global overloads it joins alone).
+  specialisations, using-declarations, __COUNTER__, the file macros (__FILE__, __BASE_FILE__,
+  __INCLUDE_LEVEL__, ...: a member's file is not the source's), macros the headers also define,
+  macros used where they could declare names, and any name it declares at namespace scope that
+  the headers also use at global scope (inside a namespace it would hide the global overloads it
+  joins alone). Header macros that expand to __FILE__ (TORCH_CHECK's message) still name the
+  member's file in a batch: only the text of an error message differs.
 - The batch object runs no member code when loaded: its initialisation and finalisation entries
   and the translation unit's initialiser must match, instruction for instruction and symbol for
   symbol, those of an object of the include block alone (compiled once per group), and it has no
@@ -90,9 +93,13 @@ _DIRECTIVE_RE = re.compile(r"^[ \t]*#[ \t]*(\w*)(.*)$")
 _TOKEN_RE = re.compile(r"[A-Za-z_]\w*|::|\[\[|[{}()\[\];,=:<>.]|->|\S")
 _ALLOWED_DIRECTIVES = {"define", "undef", "if", "ifdef", "ifndef", "elif", "else", "endif",
                        "error", "warning", ""}
+# The file macros too: in a batch a member is `m<i>/cuda.cu`, included one level down from the
+# batch's file, so __FILE__, __BASE_FILE__, __INCLUDE_LEVEL__ and __TIMESTAMP__ would read
+# otherwise than alone (a member could tell it is batched).
 _FORBIDDEN_TOKENS = {"asm", "__asm", "__asm__", "__attribute__", "__attribute", "__declspec",
                      "_Pragma", "__pragma", "__COUNTER__", "TORCH_EXTENSION_NAME", "operator",
-                     "thread_local", "__thread", "export"}
+                     "thread_local", "__thread", "export", "__FILE__", "__BASE_FILE__",
+                     "__FILE_NAME__", "__INCLUDE_LEVEL__", "__TIMESTAMP__"}
 # Header macros a member may use at namespace scope: declaration specifiers and attributes that
 # declare no name of their own.
 _SCOPE_MACROS = {"__global__", "__device__", "__host__", "__forceinline__", "__noinline__",
