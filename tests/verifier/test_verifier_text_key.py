@@ -213,3 +213,41 @@ def test_a_fault_in_the_key_costs_the_request_only_the_cache(program_server, mon
                                          timeout=900)
   assert (verdict.request_id, verdict.outcome) == ("key-fault", pb.NO_GPU), verdict.message
   assert verdict.stage_timings and program_server.scheduler.program_cache_hits == hits
+
+
+@pytest.fixture(scope="module")
+def cpu_program_server(cache_dir, toolchain):
+  """Candidates run on CPU worker children (cpu_test_mode), with the program cache on."""
+  srv = verifier_harness.ServerThread(verifier_harness.make_config(
+      cache_dir, cpu_test_mode=True, slots_per_gpu=2, program_cache_size=100), toolchain)
+  yield srv
+  srv.stop()
+
+
+def test_a_run_verdict_answers_only_its_own_program(cpu_program_server):
+  """With candidates run by the workers: a relaid twin gets the verdict its program earned,
+  without running (OK stays OK; a candidate caught mutating its inputs stays caught, with its
+  message and exploit); a candidate whose program differs from a verified one runs, whatever its
+  layout, so an honest program's verdict never answers a hostile one."""
+  stub = cpu_program_server.stub()
+  scheduler = cpu_program_server.scheduler
+  honest, hostile = kernels.cpp_candidate("scaled_add"), kernels.cpp_candidate("in_place")
+  options = pb.VerifyOptions(num_timing_trials=5).SerializeToString(deterministic=True)
+  key = lambda c: text_key.candidate_key(kernels.REFERENCE, c, options)
+  assert key(_relaid(honest)) == key(honest) != key(_relaid(hostile)) == key(hostile)
+  verify = lambda rid, c: stub.Verify(_request(rid, c, num_timing_trials=5), timeout=900)
+  first = verify("run-honest", honest)
+  assert first.outcome == pb.OK and first.HasField("timing"), first.message
+  hits = scheduler.program_cache_hits
+  caught = verify("run-hostile", _relaid(hostile))  # laid out as the honest twin will be
+  assert caught.outcome == pb.INCORRECT and "modified its inputs" in caught.message
+  assert caught.stage_timings and scheduler.program_cache_hits == hits
+  twin = verify("run-hostile-twin", hostile)
+  assert (twin.outcome, twin.message) == (caught.outcome, caught.message)
+  assert [e.kind for e in twin.exploits] == [e.kind for e in caught.exploits]
+  assert pb.INPUT_MUTATION in [e.kind for e in twin.exploits]
+  assert not twin.stage_timings and twin.attempts == 0
+  ok_twin = verify("run-honest-twin", _relaid(honest))
+  assert ok_twin.outcome == pb.OK and not ok_twin.stage_timings
+  assert ok_twin.timing.speedup == first.timing.speedup
+  assert scheduler.program_cache_hits == hits + 2
