@@ -21,6 +21,7 @@ import pytest
 from verifier_service.compile import batch as batch_lib
 from verifier_service.compile import checks
 from verifier_service.compile import compiler as compile_lib
+from verifier_service.compile import limits as limits_lib
 
 import verifier_kernels as kernels
 
@@ -199,12 +200,12 @@ def test_a_split_build_has_the_lite_builds_kernels_and_symbols(built):
   _same_exports(split.so_path, lite.so_path)
 
 
-def _with_split_compiler(toolchain, cache_dir, body):
-  """`body(compiler)`'s result, run with a compiler that has the split on, warmed up, and whose
-  split path is ready."""
+def _with_split_compiler(toolchain, cache_dir, body, **options):
+  """`body(compiler)`'s result, run with a compiler that has the split on (and `options`), warmed
+  up, and whose split path is ready."""
   async def go():
     compiler = compile_lib.Compiler(toolchain, cache_dir,
-                                    compile_lib.CompilerOptions(max_jobs=2, split=True))
+                                    compile_lib.CompilerOptions(max_jobs=2, split=True, **options))
     try:
       await compiler.warm_up()
       assert await asyncio.wait_for(compiler.split_ready(), 1800), compiler.split_stats()
@@ -212,6 +213,42 @@ def _with_split_compiler(toolchain, cache_dir, body):
     finally:
       await compiler.close()
   return asyncio.run(go())
+
+
+def test_hostile_sources_meet_the_compile_stages_bounds_and_confinement_through_the_split(
+    toolchain, cache_dir, tmp_path):
+  """The split's halves run through the compile stage's confined, bounded runner like every
+  compiler process: with the split on and small bounds, an honest source still splits and
+  builds; a macro that explodes in a source the split accepts ends at the memory bound (in a
+  half, with the bound's message), and a source that includes a host file is refused by the
+  split and, confined, cannot open it: no line of the file in any log."""
+  small = limits_lib.Limits(memory_bytes=2 << 30, cpu_s=120)
+  secret = tmp_path / "token.txt"
+  secret.write_text("hunter2 TOPSECRET-SPLIT-LINE\n")
+  secret.chmod(0o644)
+  tmp_path.chmod(0o755)
+  macro = "\n".join(["#define DICE_X1(a) a a"] + [
+      f"#define DICE_X{i}(a) DICE_X{i - 1}(DICE_X{i - 1}(a))" for i in range(2, 40)])
+  sources = {
+      "bounded_good": GOOD,
+      "bounded_boom": GOOD.replace("__device__ float twice", macro + "\n__global__ void boom(int* p) "
+                                   "{ p[0] = DICE_X39(1 +) 0; }\n\n__device__ float twice"),
+      "bounded_secret": GOOD.replace("#include <cuda_runtime.h>\n",
+                                     f'#include <cuda_runtime.h>\n#include "{secret}"\n'),
+  }
+  exts = {name: checks.check_candidate(kernels.cuda_candidate(src.replace("\\", "\\\\"), name))
+          .extensions[0] for name, src in sources.items()}
+
+  async def body(compiler):
+    return {name: await compiler.build(ext, 900, problem=name) for name, ext in exts.items()}
+  results = _with_split_compiler(toolchain, cache_dir, body, batch_members=1, limits=small)
+  good, boom, leak = results["bounded_good"], results["bounded_boom"], results["bounded_secret"]
+  assert good.ok and good.header_tier == "split", (good.split_note, good.log[-2000:])
+  assert [s for s in boom.steps if s.get("what") in ("device", "host")], boom.steps  # it split
+  assert not boom.ok and boom.log.startswith(small.message(limits_lib.Limit.MEMORY)), boom.log[:500]
+  assert not leak.ok and leak.header_tier != "split"
+  assert f"{secret}: Permission denied" in leak.log, leak.log[-2000:]
+  assert "TOPSECRET" not in leak.log + boom.log + good.log
 
 
 @_CPU_CALLS_CRASH_ON_GPU_BOXES
