@@ -66,15 +66,20 @@ def test_mix_refuses_unknown_kinds_and_copies_alone():
     mix_lib.parse_mix("duplicate=1")
 
 
-def test_the_benchmark_runs_end_to_end_and_writes_its_figures(tmp_path):
+def _dry_burst(tmp_path, steps: int, *flags: str) -> tuple[subprocess.CompletedProcess, dict]:
+  """A dry run of the benchmark (2 problems x 4 samples a step): its output and its JSON."""
   out = tmp_path / "burst.json"
   proc = subprocess.run(
       [sys.executable, str(ROOT / "benchmarks" / "verifier_rl_burst.py"), "--dry", "--no-gpu",
-       "--synthetic-share", "1", "--problems-per-step", "2", "--samples", "4", "--steps", "3",
-       "--compile-workers", "1", "--json", str(out)],
+       "--synthetic-share", "1", "--problems-per-step", "2", "--samples", "4", "--steps",
+       str(steps), "--compile-workers", "1", *flags, "--json", str(out)],
       capture_output=True, text=True, timeout=120, cwd=ROOT)
   assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-  report = json.loads(out.read_text())
+  return proc, json.loads(out.read_text())
+
+
+def test_the_benchmark_runs_end_to_end_and_writes_its_figures(tmp_path):
+  proc, report = _dry_burst(tmp_path, 3)
   for key in ("verdicts_per_s", "step_p50_s", "step_p90_s", "cold_step_s", "date", "hardware",
               "cpu_s_per_compile", "gpu_s_per_job", "outcomes"):
     assert key in report, key
@@ -88,14 +93,8 @@ def test_the_benchmark_runs_end_to_end_and_writes_its_figures(tmp_path):
 def test_near_duplicates_are_counted_as_the_servers_program_cache_hits(tmp_path):
   """A near duplicate (the same program laid out otherwise) reaches the server and is answered by
   its program cache (text_key.py); the step reports those answers apart from the verdict cache's."""
-  out = tmp_path / "burst.json"
-  proc = subprocess.run(
-      [sys.executable, str(ROOT / "benchmarks" / "verifier_rl_burst.py"), "--dry", "--no-gpu",
-       "--synthetic-share", "1", "--problems-per-step", "2", "--samples", "4", "--steps", "2",
-       "--compile-workers", "1", "--mix", "correct=0.5,near_duplicate=0.5", "--json", str(out)],
-      capture_output=True, text=True, timeout=120, cwd=ROOT)
-  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-  steps = json.loads(out.read_text())["steps"]
+  proc, report = _dry_burst(tmp_path, 2, "--mix", "correct=0.5,near_duplicate=0.5")
+  steps = report["steps"]
   for step in steps:
     near = sum(step["outcomes_by_kind"].get("near_duplicate", {}).values())
     answered = step["server_program_cache_hits"] + step["client_cache_hits"]
