@@ -11,7 +11,8 @@ printed with its ratio to the first variant's.
 
 On a GPU the candidate is a synthetic problem's known-good CUDA answer; with `--cpu-test-mode` a
 C++-only candidate runs on CPU workers (the same processes, sandbox and protocol, no CUDA: what
-the CPU VM can show of the process structure).
+the CPU VM can show of the process structure). Requests leave the number of timing trials to the
+server unless `--timing-trials` says otherwise, so a variant may set `timing_trials`.
 
   python benchmarks/verifier_run_stage.py --jobs 64 --variant old:standby_processes=false
   python benchmarks/verifier_run_stage.py --cpu-test-mode --jobs 16 --slots-per-gpu 2 \\
@@ -147,7 +148,9 @@ def main() -> None:
                                    epilog=__doc__.split("\n\n", 1)[1])
   parser.add_argument("--jobs", type=int, default=64)
   parser.add_argument("--slots-per-gpu", type=int, default=4)
-  parser.add_argument("--timing-trials", type=int, default=100)
+  parser.add_argument("--timing-trials", type=int, default=0,
+                      help="timed calls per side and condition a job asks for (0: the server's "
+                      "timing_trials, which a variant may set)")
   parser.add_argument("--rounds", type=int, default=2)
   parser.add_argument("--cpu-test-mode", action="store_true")
   parser.add_argument("--variant", action="append", default=[],
