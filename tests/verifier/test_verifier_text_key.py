@@ -4,10 +4,12 @@ verdict already given, without compiling or running it."""
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import re
 import shutil
 import subprocess
+import time
 
 import pytest
 
@@ -213,6 +215,40 @@ def test_a_fault_in_the_key_costs_the_request_only_the_cache(program_server, mon
                                          timeout=900)
   assert (verdict.request_id, verdict.outcome) == ("key-fault", pb.NO_GPU), verdict.message
   assert verdict.stage_timings and program_server.scheduler.program_cache_hits == hits
+
+
+def test_a_joiner_of_a_run_that_ended_in_our_fault_gets_its_own_run(program_server,
+                                                                    monkeypatch):
+  """INFRA_ERROR is the verifier's fault and never cached: a request that joined another's run
+  of the same program, which ended INFRA_ERROR, runs the program itself (as a later request
+  would) and gets the program's verdict; neither counts as a program cache hit. Before, the
+  joiner got the other request's INFRA_ERROR as its own and was counted as a hit."""
+  scheduler = program_server.scheduler
+  candidate = kernels.cuda_candidate().replace("class ModelNew", "# fault\nclass ModelNew", 1)
+  stages, failed = scheduler._stages, []  # pylint: disable=protected-access
+
+  async def fail_first_once_joined(request, options, verdict):
+    if not failed:  # the first run fails once the other request has joined it
+      failed.append(request.request_id)
+      while sum(scheduler._by_program._waiters.values()) < 2:  # pylint: disable=protected-access
+        await asyncio.sleep(0.01)
+      raise RuntimeError("injected fault in the first run")
+    return await stages(request, options, verdict)
+
+  monkeypatch.setattr(scheduler, "_stages", fail_first_once_joined)
+  hits = scheduler.program_cache_hits
+  with concurrent.futures.ThreadPoolExecutor(2) as pool:
+    first = pool.submit(program_server.stub().Verify, _request("fault-a", candidate), timeout=900)
+    while not failed:
+      time.sleep(0.01)
+    second = pool.submit(program_server.stub().Verify, _request("fault-b", _relaid(candidate)),
+                         timeout=900)
+    verdicts = {v.request_id: v for v in (first.result(), second.result())}
+  assert verdicts["fault-a"].outcome == pb.INFRA_ERROR
+  assert "injected fault" in verdicts["fault-a"].message
+  assert verdicts["fault-b"].outcome == pb.NO_GPU, verdicts["fault-b"].message
+  assert verdicts["fault-b"].stage_timings  # it ran
+  assert scheduler.program_cache_hits == hits
 
 
 @pytest.fixture(scope="module")

@@ -197,7 +197,13 @@ class Scheduler:
       return await self._pipeline(request)
     blob = self._programs.get(key)
     if blob is None:
-      verdict = await self._by_program.run(key, lambda: self._pipeline(request))
+      while True:
+        verdict = await self._by_program.run(key, lambda: self._pipeline(request))
+        if verdict.request_id == request.request_id or verdict.outcome != pb.INFRA_ERROR:
+          break
+        # Another request's run ended in our fault: that answers nothing about the program, and
+        # INFRA_ERROR is never cached, so this request runs as a later one would (leading the
+        # key's next run or joining it). Each pass ends one run, so duplicates end in turn.
       if verdict.outcome != pb.INFRA_ERROR:
         self._programs[key] = verdict.SerializeToString()
         while len(self._programs) > self.config.program_cache_size:
