@@ -38,12 +38,9 @@ SMALL = limits_lib.Limits(memory_bytes=2 << 30, cpu_s=120)  # a lite-tier cuda.c
 _SHARED_BUILDS = str(SMALL.shared().file_bytes)
 CPU_SMALL = limits_lib.Limits(memory_bytes=2 << 30, cpu_s=20)
 SECRET_LINES = ("hunter2 TOPSECRET-LINE-ONE", "AWS_SECRET=TOPSECRET-LINE-TWO;")
-_MACRO = "\n".join(["#define DICE_X1(a) a a"] + [
-    f"#define DICE_X{i}(a) DICE_X{i - 1}(DICE_X{i - 1}(a))" for i in range(2, 40)])
 # The same kernel family as verifier_kernels, with a hostile line; its own extension name.
 _BOOM = kernels.CUDA_SOURCE.replace(
-    "torch::Tensor scaled_add(",
-    _MACRO + "\n__global__ void boom(int* p) { p[0] = DICE_X39(1 +) 0; }\n\ntorch::Tensor scaled_add(")
+    "torch::Tensor scaled_add(", kernels.MACRO_BOMB_KERNEL + "\ntorch::Tensor scaled_add(")
 
 
 def _candidate(cuda: str, name: str) -> str:

@@ -227,12 +227,10 @@ def test_hostile_sources_meet_the_compile_stages_bounds_and_confinement_through_
   secret.write_text("hunter2 TOPSECRET-SPLIT-LINE\n")
   secret.chmod(0o644)
   tmp_path.chmod(0o755)
-  macro = "\n".join(["#define DICE_X1(a) a a"] + [
-      f"#define DICE_X{i}(a) DICE_X{i - 1}(DICE_X{i - 1}(a))" for i in range(2, 40)])
   sources = {
       "bounded_good": GOOD,
-      "bounded_boom": GOOD.replace("__device__ float twice", macro + "\n__global__ void boom(int* p) "
-                                   "{ p[0] = DICE_X39(1 +) 0; }\n\n__device__ float twice"),
+      "bounded_boom": GOOD.replace("__device__ float twice",
+                                   kernels.MACRO_BOMB_KERNEL + "\n__device__ float twice"),
       "bounded_secret": GOOD.replace("#include <cuda_runtime.h>\n",
                                      f'#include <cuda_runtime.h>\n#include "{secret}"\n'),
   }
