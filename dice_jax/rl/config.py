@@ -164,6 +164,9 @@ class VerifierSection:
   auth_token_file: str | None = None
   precision: PrecisionName = "fp32"
   num_correctness_trials: int = 0  # 0: the server's default
+  # Timed trials per side, each a cold and a warm call; 0: the server's default (100, KernelBench's
+  # count, which `dice eval` keeps). Fewer shorten the GPU's timing lock per verdict.
+  num_timing_trials: int = 0
   atol: float = 0.0  # correctness tolerances; 0: the server's per-precision default (fp32 1e-4)
   rtol: float = 0.0
   skip_timing: bool = False  # correctness only (DICE's binary reward needs no timing)
@@ -184,6 +187,7 @@ class VerifierSection:
     require(self.connect_timeout_s > 0 and self.request_timeout_s > 0, "request_timeout_s", "timeouts must be > 0")
     require(self.max_in_flight > 0, "max_in_flight", f"must be > 0, got {self.max_in_flight}")
     require(self.num_correctness_trials >= 0, "num_correctness_trials", "must be >= 0")
+    require(self.num_timing_trials >= 0, "num_timing_trials", "must be >= 0")
     require(self.atol >= 0 and self.rtol >= 0, "atol", "tolerances must be >= 0")
     require(self.streams_per_target >= 1, "streams_per_target", f"must be >= 1, got {self.streams_per_target}")
     require((self.tls_client_cert_file is None) == (self.tls_client_key_file is None), "tls_client_cert_file",
@@ -192,7 +196,7 @@ class VerifierSection:
   def options(self) -> pb.VerifyOptions:
     """What every request of a run asks the verifier for (precision, trials, tolerances, timing)."""
     return verify_options(precision=self.precision, trials=self.num_correctness_trials, atol=self.atol,
-                          rtol=self.rtol, skip_timing=self.skip_timing)
+                          rtol=self.rtol, skip_timing=self.skip_timing, timing_trials=self.num_timing_trials)
 
 
 @dataclasses.dataclass(frozen=True)

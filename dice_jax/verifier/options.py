@@ -23,10 +23,14 @@ def precision_enum(name: str) -> pb.Precision:
 
 
 def verify_options(*, precision: str = "fp32", trials: int = 0, atol: float = 0.0, rtol: float = 0.0,
-                   skip_timing: bool = False, policy: str | None = None) -> pb.VerifyOptions:
-  """The request options. `policy`: partial replacement, `default` or `strict` (None: the server's)."""
+                   skip_timing: bool = False, policy: str | None = None,
+                   timing_trials: int = 0) -> pb.VerifyOptions:
+  """The request options. `trials`: correctness trials; `timing_trials`: timed trials per side (each a
+  cold and a warm call); `policy`: partial replacement, `default` or `strict` (None: the server's)."""
   if policy is not None and policy not in POLICIES:
     raise ValueError(f"policy must be one of {sorted(POLICIES)} (or unset), got {policy!r}")
+  if trials < 0 or timing_trials < 0:
+    raise ValueError(f"trials must be >= 0 (0: the server's default), got {trials} and {timing_trials}")
   return pb.VerifyOptions(precision=precision_enum(precision), num_correctness_trials=trials, atol=atol,
-                          rtol=rtol, skip_timing=skip_timing,
+                          rtol=rtol, skip_timing=skip_timing, num_timing_trials=timing_trials,
                           policy=POLICIES[policy] if policy else pb.POLICY_UNSPECIFIED)
