@@ -18,6 +18,10 @@
 #   bash benchmarks/gpu_rl_speed.sh DICE_JSON memory    # ~6 min: the DICE 3497 test (4 GiB
 #       outputs, two seeds: 312 s on the H200 on 2026-12-04, each retried alone; 303 s on an H100
 #       on 2026-12-05, checked per batch, OK at once)
+#   bash benchmarks/gpu_rl_speed.sh DICE_JSON levers    # ~8 min: verifier_run_stage.py (40 jobs of one
+#       kernel at 4 slots: defaults; the next pair set up at its fork and both warm-ups at once;
+#       30 timing trials instead of 100; all three), then verifier_rl_burst.py with all three
+#       (--server-set; a cold and a warm step)
 #   bash benchmarks/gpu_rl_speed.sh DICE_JSON timing    # ~9 min: verifier_timing.py at 1 slot
 #       (item 4; 105 s on an H100 on 2026-12-05), verifier_timing_state.py (which state of the
 #       candidate's process slows its calls: one process per state), verifier_run_stage.py's
@@ -104,6 +108,26 @@ case "$PART" in
     for name in adversarial verifier_gpu; do echo "--- $name"; tail -4 "$OUT/$name.log"; done
     run_stage_summary
     ;;
+  levers)
+    stage run_stage "${RUN_STAGE_S:-220}" python3 benchmarks/verifier_run_stage.py --jobs 40 \
+      --slots-per-gpu 4 --rounds "${ROUNDS:-1}" \
+      --variant both:standby_setup_at_fork=true+warmup_together=true \
+      --variant t30:timing_trials=30 \
+      --variant all:standby_setup_at_fork=true+warmup_together=true+timing_trials=30 \
+      --json "$OUT/run_stage.json"
+    # shellcheck disable=SC2086
+    stage rl_burst "${BURST_S:-260}" python3 benchmarks/verifier_rl_burst.py --data "$DATA" \
+      --steps 3 --budget-s "${BURST_BUDGET_S:-100}" --server-set compile_split=true \
+      --server-set standby_setup_at_fork=true --server-set warmup_together=true \
+      --server-set timing_trials=30 ${BURST_ARGS:-} --json "$OUT/verifier_rl_burst.json"
+    echo
+    echo "================ issue 26 levers on $(tail -1 "$OUT/gpu.txt") at $(cat "$OUT/commit.txt") ================"
+    cat "$OUT/stages.txt"
+    echo "--- verifier_run_stage.py"
+    [ -f "$OUT/run_stage.log" ] && grep -E "^(round|base|both|t30|all)" "$OUT/run_stage.log"
+    echo "--- verifier_rl_burst.py"
+    grep -E "^(step|  outcomes|==|server|compiler|targets)" "$OUT/rl_burst.log"
+    ;;
   memory)
     export DICE_INFILLING_JSON="$DATA"
     stage memory "${MEMORY_S:-420}" python3 -m pytest -q -s -m gpu -p no:cacheprovider -rs \
@@ -129,5 +153,5 @@ case "$PART" in
     run_stage_summary
     [ -f "$OUT/split.log" ] && { echo "--- verifier_split_compile.py"; tail -12 "$OUT/split.log"; }
     ;;
-  *) echo "unknown part $PART (main, suites, memory or timing)"; exit 2 ;;
+  *) echo "unknown part $PART (main, suites, levers, memory or timing)"; exit 2 ;;
 esac
