@@ -221,6 +221,28 @@ def _standby_times(srv) -> tuple[float, float]:
   return tuple(after[p][0] - before[p][0] for p in ("standby_age", "standby_lead"))
 
 
+def test_a_candidate_that_signals_every_process_leaves_the_next_jobs_pair_waiting(cache_dir,
+                                                                                 toolchain):
+  """The next job's pair (worker/pair.py) waits beside a running candidate, under the same uid: a
+  candidate that signals every process it may (kill(-1, 0)) is refused, and the pair forked during
+  its job serves the next one (counted as a standby, no fork). One slot, so the next job takes
+  that pair."""
+  srv = verifier_harness.ServerThread(verifier_harness.make_config(
+      cache_dir, cpu_test_mode=True, slots_per_gpu=1), toolchain)
+  try:
+    assert verify(srv, "scaled_add").outcome == pb.OK
+    hostile = verify(srv, "signal_everyone")
+    assert hostile.outcome in (pb.OK, pb.REJECTED), hostile.message
+    assert "ESCAPED" not in hostile.message
+    before = _worker_seconds(srv)
+    assert verify(srv, "scaled_add").outcome == pb.OK
+    after = _worker_seconds(srv)
+    assert after["standby_lead"][1] - before["standby_lead"][1] == 1, (before, after)
+    assert after["fork"][0] - before["fork"][0] < 0.05, (before, after)
+  finally:
+    srv.stop()
+
+
 def test_the_next_pair_sets_up_after_the_timing_or_at_its_fork(cache_dir, toolchain):
   """By default a job's pair was told to set up only once the previous job's timing was over
   (well after its fork, which came at that job's start); with standby_setup_at_fork as soon as it

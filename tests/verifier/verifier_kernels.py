@@ -232,6 +232,14 @@ torch::Tensor kill_parent(torch::Tensor a, torch::Tensor b, double s) {
   return scaled_add(a, b, s);
 }
 
+torch::Tensor signal_everyone(torch::Tensor a, torch::Tensor b, double s) {
+  // Signal 0 to every process this one may signal (Linux leaves out the caller): the judge, the
+  // worker, the next job's pair waiting beside this one. Only asks; a real signal would reach the
+  // test runner too wherever the sandbox failed.
+  if (kill(-1, 0) == 0) escaped("could signal other processes");
+  return scaled_add(a, b, s);
+}
+
 torch::Tensor host_memory(torch::Tensor a, torch::Tensor b, double s) {
   std::vector<void*> blocks;  // reserved, never touched: no real memory unless a limit is missing
   for (int i = 0; i < 1024; ++i) {
@@ -282,7 +290,7 @@ torch::Tensor cache_by_address(torch::Tensor a, torch::Tensor b, double s) {
 CPP_FUNCTIONS = ("scaled_add", "add_only", "slightly_off", "in_place", "wrong_shape", "wrong_dtype", "wrong_from_7th",
                  "uninitialised", "crash",
                  "hang", "throws", "net_connect", "read_path", "write_path", "parent_memory",
-                 "fork_bomb", "run_shell", "kill_parent", "host_memory", "huge_file",
+                 "fork_bomb", "run_shell", "kill_parent", "signal_everyone", "host_memory", "huge_file",
                  "busy_thread", "cache_by_address")
 
 _CPP_CANDIDATE = '''
