@@ -86,7 +86,7 @@ class ModelNew(nn.Module):
         return ext.scaled_add(a, b, self.scale)
 '''
 _PARTS = ("slot", "total", "fork", "judge_start", "judge_run", "exit", "cleanup", "standby_wait",
-          "timing_lock_wait", "timing_setup", "timing_warmup", "timing_calls", "timing_keep",
+          "load_reference", "load_candidate", "correctness", "probes", "timing_lock_wait", "timing_setup", "timing_warmup", "timing_calls", "timing_keep",
           "timing_verify_batch", "timing_verify", "profile")
 
 

@@ -57,12 +57,16 @@ def test_correct_candidate_passes_every_trial_and_is_timed(cpu_server):
       "judge_run"] + seconds["exit"] <= seconds["total"]
   # Its pair of processes was forked before the job came (worker/pair.py): no fork in the job.
   assert seconds["fork"] < 0.05 and seconds["standby_age"] > 0
-  # The judge's parts of its timing stage and after (trusted/judge.Judge.part).
+  # The judge's parts of its run (trusted/judge.Judge.part), inside its run.
   registry = cpu_server.scheduler.metrics.registry
   judged = {p: registry.get_sample_value("dice_verifier_worker_seconds_count", {"part": p}) or 0
-            for p in ("timing_setup", "timing_warmup", "timing_calls", "timing_lock_wait",
+            for p in ("load_reference", "load_candidate", "correctness", "probes",
+                      "timing_setup", "timing_warmup", "timing_calls", "timing_lock_wait",
                       "profile")}
   assert all(n >= 1 for n in judged.values()), judged
+  spent = lambda p: registry.get_sample_value("dice_verifier_worker_seconds_sum", {"part": p})
+  assert all(spent(p) > 0 for p in judged), {p: spent(p) for p in judged}
+  assert sum(spent(p) for p in judged) <= spent("judge_run")
   assert verdict.outcome == pb.OK, verdict.message
   assert verdict.stage == pb.STAGE_DONE
   assert len(verdict.trials) == 5 and all(t.passed for t in verdict.trials)

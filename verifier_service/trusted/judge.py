@@ -172,7 +172,9 @@ class Judge:
 
   def part(self, name: str, since: float) -> float:
     """Adds the seconds since `since` to part `name` of the report's `timing_parts` (where the
-    timing stage's time goes: the worker passes them on with its own, worker/process._timings)."""
+    judge's run goes: loading the reference and the candidate, the correctness trials, the probes,
+    the timing stage's parts, the profile; the worker passes them on with its own,
+    worker/process._timings)."""
     now = time.monotonic()
     self.parts[name] = self.parts.get(name, 0.0) + now - since
     return now
@@ -592,11 +594,16 @@ def run(envelope: envelope_lib.Envelope, chan: wire.Channel,
       lock_down()
     except Exception as e:  # pylint: disable=broad-except
       raise Ended(enums.INFRA_ERROR, f"judge setup failed: {type(e).__name__}: {e}") from e
+    mark = time.monotonic()
     judge.load_reference()
+    mark = judge.part("load_reference", mark)
     judge.budget(budget_lib.first(judge.opts, judge.reference_s, judge.trial_bytes))
     judge.ask({"op": "load"})
+    mark = judge.part("load_candidate", mark)
     judge.correctness()
+    mark = judge.part("correctness", mark)
     judge.probes()
+    judge.part("probes", mark)
     if not judge.opts.skip_timing:
       core = timing.timing_core(judge.device) if envelope.share.timing_core else None
       mark = time.monotonic()
