@@ -224,13 +224,18 @@ def test_a_joiner_of_a_run_that_ended_in_our_fault_gets_its_own_run(program_serv
   would) and gets the program's verdict; neither counts as a program cache hit. Before, the
   joiner got the other request's INFRA_ERROR as its own and was counted as a hit."""
   scheduler = program_server.scheduler
-  candidate = kernels.cuda_candidate().replace("class ModelNew", "# fault\nclass ModelNew", 1)
+  # A program (and options) no other test of this server verified: none is cached for it.
+  candidate = kernels.cuda_candidate().replace(
+      "class ModelNew(nn.Module):", "FAULT_CASE = 1\n\n\nclass ModelNew(nn.Module):", 1)
+  request = lambda rid, source: _request(rid, source, num_correctness_trials=7)
   stages, failed = scheduler._stages, []  # pylint: disable=protected-access
+  deadline = time.monotonic() + 300
 
   async def fail_first_once_joined(request, options, verdict):
     if not failed:  # the first run fails once the other request has joined it
       failed.append(request.request_id)
-      while sum(scheduler._by_program._waiters.values()) < 2:  # pylint: disable=protected-access
+      while (sum(scheduler._by_program._waiters.values()) < 2  # pylint: disable=protected-access
+             and time.monotonic() < deadline):
         await asyncio.sleep(0.01)
       raise RuntimeError("injected fault in the first run")
     return await stages(request, options, verdict)
@@ -238,10 +243,12 @@ def test_a_joiner_of_a_run_that_ended_in_our_fault_gets_its_own_run(program_serv
   monkeypatch.setattr(scheduler, "_stages", fail_first_once_joined)
   hits = scheduler.program_cache_hits
   with concurrent.futures.ThreadPoolExecutor(2) as pool:
-    first = pool.submit(program_server.stub().Verify, _request("fault-a", candidate), timeout=900)
-    while not failed:
+    first = pool.submit(program_server.stub().Verify, request("fault-a", candidate), timeout=900)
+    while not failed and not first.done():
+      assert time.monotonic() < deadline, "the first request never reached its run"
       time.sleep(0.01)
-    second = pool.submit(program_server.stub().Verify, _request("fault-b", _relaid(candidate)),
+    assert failed, first.result()  # it ran, and was not answered some other way
+    second = pool.submit(program_server.stub().Verify, request("fault-b", _relaid(candidate)),
                          timeout=900)
     verdicts = {v.request_id: v for v in (first.result(), second.result())}
   assert verdicts["fault-a"].outcome == pb.INFRA_ERROR
