@@ -86,8 +86,9 @@ class ModelNew(nn.Module):
         return ext.scaled_add(a, b, self.scale)
 '''
 _PARTS = ("slot", "total", "fork", "judge_start", "judge_run", "exit", "cleanup", "standby_wait",
-          "load_reference", "load_candidate", "correctness", "probes", "timing_lock_wait", "timing_setup", "timing_warmup", "timing_calls", "timing_keep",
-          "timing_verify_batch", "timing_verify", "profile")
+          "load_reference", "load_candidate", "correctness", "probes", "timing_lock_wait",
+          "timing_setup", "timing_warmup", "timing_calls", "timing_keep", "timing_verify_batch",
+          "timing_verify", "profile")
 
 
 def _variant(text: str) -> tuple[str, dict]:

@@ -74,12 +74,13 @@ def cuda_candidate(source: str = CUDA_SOURCE, name: str = "scaled_add_ext") -> s
 BROKEN_CUDA = cuda_candidate(CUDA_SOURCE.replace("(a[i] + b[i]) * s", "(a[i] + b[i]) * s_typo"),
                              name="broken_ext")
 
-# Compiles with torch/extension.h but not with torch/types.h: exercises the light-header fallback.
 # A macro that doubles its argument 39 times over (2^39 tokens): a compile that expands it runs
 # out of any memory bound long before it ends (the compile stage's hostile inputs).
 MACRO_BOMB = "\n".join(["#define DICE_X1(a) a a"] + [
     f"#define DICE_X{i}(a) DICE_X{i - 1}(DICE_X{i - 1}(a))" for i in range(2, 40)])
 MACRO_BOMB_KERNEL = MACRO_BOMB + "\n__global__ void boom(int* p) { p[0] = DICE_X39(1 +) 0; }\n"
+
+# Compiles with torch/extension.h but not with torch/types.h: exercises the light-header fallback.
 NEEDS_EXTENSION_H = cuda_candidate(
     CUDA_SOURCE.replace("auto out = torch::empty_like(a);",
                         "auto out = torch::empty_like(a);\n  (void)torch::nn::functional::"
