@@ -13,7 +13,9 @@ import verifier_kernels as kernels
 
 from verifier_service.compile import checks
 from verifier_service.compile import compiler as compile_lib
+from verifier_service.compile import confine as confine_lib
 from verifier_service.compile import front_ends as front_ends_lib
+from verifier_service.compile import limits as limits_lib
 from verifier_service.compile import nvcc_split
 from verifier_service.compile import procs as compile_procs
 
@@ -37,13 +39,15 @@ std::vector<float> keep;
 class _Session:
   """Compiles in one event loop with one FrontEnds, as a server does."""
 
-  def __init__(self, toolchain, root: pathlib.Path):
+  def __init__(self, toolchain, root: pathlib.Path,
+               confinement: confine_lib.Confinement | None = None):
     self.toolchain = toolchain
     self.root = root
-    self.runner = compile_procs.ProcessRunner(2, toolchain.build_env())
+    self.runner = compile_procs.ProcessRunner(2, toolchain.build_env(), confinement=confinement)
     self.front_ends = front_ends_lib.FrontEnds(
-        root / "scratch", root / "shim", toolchain.build_env(),
-        lambda argv, cwd: self.runner.run(argv, cwd, echo=False), nice=0)
+        root / "scratch", root / "shim", self.runner.env,
+        lambda argv, cwd: self.runner.run(argv, cwd, echo=False), nice=0,
+        confinement=confinement)
     (root / "scratch").mkdir()
 
   async def compile(self, name: str, text: str, warm: bool = True) -> tuple[int, str, bytes]:
@@ -255,6 +259,116 @@ def test_a_cancelled_compile_kills_its_child_and_the_fork_server_serves_on(toolc
   assert folders == [], folders  # the child's folder went with it
   assert claimed == 2 and again == plain
   assert [p.name for p in (tmp_path / "scratch").iterdir()] == []
+
+
+# A warm child's hostile candidates, each naming `hostile` wherever it lands (a copy left behind
+# is found by that word). A front end reads preprocessed text: an `#include` of a host file is
+# resolved (confined: refused) before it, so these are what a child parses itself.
+# Front-end state a leaking child would hand on: a diagnostic suppressed (the honest candidate's
+# own warning), a packing left pushed (its struct's size, in its object), a global and a header
+# function defined again; and line markers naming a host file and the shared header.
+_POISON = """#include "shared.h"
+#pragma nv_diag_suppress 177
+#pragma nv_diagnostic push
+#pragma pack(push, 1)
+struct Layout { char c; double d; };
+int keep = sizeof(Layout);
+#line 1 "/etc/passwd"
+int hostile_keep = undeclared_hostile;
+#line 7 "shared.h"
+constexpr int host_only() { return 4; }
+"""
+# Each of 1000 warnings quotes the whole line: 24 MB printed from 16 KB, past the bound on a file
+# (a warm child's printed output is one) and the bound on output read back (a usual run's).
+_FLOOD = ('#include "shared.h"\n__global__ void hostile_flood() { '
+          + " ".join(f"int hostile{i};" for i in range(1000)) + " }\n")
+# The front end's own "catastrophic error: out of memory", at the bound on its data.
+_OUT_OF_MEMORY = """#include "shared.h"
+template <unsigned long... I>
+constexpr unsigned long hostile_count(std::index_sequence<I...>) { return sizeof...(I); }
+__global__ void k(unsigned long* x) { x[0] = hostile_count(std::make_index_sequence<1ul << 27>{}); }
+"""
+# What a leak from _POISON would change: its own warning (#177) and its struct's size.
+_HONEST = _BODY.format("7.f") + """struct Layout { char c; double d; };
+__global__ void sized(int* x) { int unused_honest; x[0] = sizeof(Layout); }
+"""
+# Small enough for the hostile candidates to reach quickly; an honest compile fits (its
+# preprocessed input is 2 MB).
+_BOUNDS = limits_lib.Limits(memory_bytes=1 << 30, cpu_s=60, file_bytes=8 << 20,
+                            output_bytes=1 << 20)
+
+
+def test_hostile_candidates_in_warm_children_leave_the_fork_servers_as_they_were(toolchain,
+                                                                                 tmp_path):
+  """Confined and bounded as a server's compiles are, hostile candidates finish in children of
+  the two warm processes, and an honest one then builds in the same two exactly as its usual run
+  does. It fails if a child's front-end state reached its server (the honest candidate's own
+  warning would be suppressed, its struct packed, `keep` defined twice), if a child's printed
+  output reached the server's (every later child's output starts with the server's), if a
+  child's folder or a copy of its input outlives it (one that failed, or was cancelled when its
+  other chain failed), or if a hostile candidate cost its server (killed, replaced, a miss)."""
+  confinement = confine_lib.Confinement(tmp_path / "cache", toolchain.cuda_root, toolchain.cxx,
+                                        toolchain.build_env(), _BOUNDS)
+  session = _Session(toolchain, tmp_path, confinement)
+  scratch = tmp_path / "scratch"
+  hostile = {"poison": _POISON, "flood": _FLOOD, "out_of_memory": _OUT_OF_MEMORY}
+
+  async def outcome(name: str, text: str, warm: bool = True):
+    try:
+      return await session.compile(name, text, warm)
+    except compile_procs.LimitExceeded as e:
+      return e.limit, e.log
+
+  def left(servers) -> list[str]:
+    """What is in the scratch folder besides the servers' own files, and any file there that
+    names `hostile`."""
+    own = {w.folder for w in servers}
+    extra = [p.name for p in scratch.iterdir() if p not in own]
+    extra += [f"{w.folder.name}/{p.name}" for w in servers if w.folder.is_dir()
+              for p in w.folder.iterdir() if p.name not in ("nvcc-steps", front_ends_lib.OUTPUT)]
+    return extra + [str(p.relative_to(scratch)) for p in scratch.rglob("*")
+                    if p.is_file() and b"hostile" in p.read_bytes()]
+
+  async def go():
+    try:
+      await session.compile("learn", _BODY.format("1.f"))
+      await session.front_ends.settle()
+      await session.compile("checked", _BODY.format("2.f"))  # the first claim, compared
+      servers = _servers(session)
+      missed = session.front_ends.missed
+      warm, leftovers = {}, {}
+      for name, text in hostile.items():
+        warm[name] = await outcome(name, text)
+        leftovers[name] = left(servers)
+      claimed = session.front_ends.claimed
+      honest = await session.compile("honest", _HONEST)
+      served = (session.front_ends.claimed - claimed, session.front_ends.missed - missed,
+                [w.process.returncode for w in servers],
+                {w.process.pid for w in _servers(session)} == {w.process.pid for w in servers})
+      plain = {name: await outcome(f"plain_{name}", text, warm=False)
+               for name, text in hostile.items()}
+      return warm, leftovers, honest, served, plain, await outcome("plain_honest", _HONEST, False)
+    finally:
+      await session.front_ends.close()
+      confinement.close()
+
+  warm, leftovers, honest, served, plain, plain_honest = asyncio.run(go())
+  assert served == (2, 0, [None, None], True), served  # the same two servers claimed it, alive
+  assert honest[0] == 0 and honest[2], honest[1]
+  assert honest == plain_honest  # return code, printed output, object: byte for byte
+  assert "unused_honest" in honest[1]  # its warning is there to see (#177, which _POISON hides)
+  assert leftovers == {name: [] for name in hostile}, leftovers
+  assert warm["poison"] == plain["poison"] and warm["poison"][0] != 0, warm["poison"]
+  assert "undeclared_hostile" in warm["poison"][1] and "/etc/passwd(1)" in warm["poison"][1]
+  # Over a bound, a child's compile runs as usual (front_ends._over_a_bound): the front ends
+  # ignore SIGXFSZ, so over the output bound a child exits 0 with its printed output cut, and out
+  # of memory it fails in the front end's own words; the usual runs name the bound.
+  for name, limit in (("flood", limits_lib.Limit.OUTPUT),
+                      ("out_of_memory", limits_lib.Limit.MEMORY)):
+    assert plain[name][0] == limit, plain[name][:2]
+    assert plain[name][1].startswith(_BOUNDS.message(limit) + "\n"), plain[name][1][:200]
+    assert warm[name] == plain[name], name
+  assert not list(scratch.iterdir())
 
 
 def test_two_builders_of_the_preload_library_at_once_both_get_it(toolchain, tmp_path):

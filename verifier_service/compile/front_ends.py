@@ -47,7 +47,8 @@ Decisions:
   while it runs (`slot`). Both run at the compilers' nice level, confined and bounded as every
   compiler process is (confine.py; rlimits only, no cgroup of their own; a child's CPU-time bound
   counts from its fork). The usual run of a command's first warm run goes through the compiler
-  pool (`run`).
+  pool (`run`). A child that went over a bound (`_over_a_bound`) is run again as usual, so
+  the bound is named as for any compile.
 - The preloaded library is compiled once per cache folder with the host's C compiler; if that
   fails, warm front ends are off and every compile runs as before.
 """
@@ -71,6 +72,7 @@ from typing import Callable
 
 from verifier_service.compile import cache as cache_lib
 from verifier_service.compile import confine as confine_lib
+from verifier_service.compile import limits as limits_lib
 from verifier_service.compile import nvcc_split
 from verifier_service.compile import procs as compile_procs
 
@@ -406,7 +408,11 @@ class FrontEnds:
     if status < 0 or not os.WIFEXITED(status):  # not forked, or killed by a signal: not the
       shutil.rmtree(child, ignore_errors=True)  # source's doing, run it as usual
       return None, None
-    output = _head([warm.folder / OUTPUT, child / OUTPUT], self._confinement)
+    printed = [warm.folder / OUTPUT, child / OUTPUT]
+    output = _head(printed, self._confinement)
+    if self._over_a_bound(os.WEXITSTATUS(status), printed, output):
+      shutil.rmtree(child, ignore_errors=True)  # the usual run names the bound (procs.py)
+      return None, None
     for found in _files(child) - ours:
       target = cwd / found
       target.parent.mkdir(parents=True, exist_ok=True)
@@ -414,6 +420,21 @@ class FrontEnds:
     shutil.rmtree(child, ignore_errors=True)
     self.claimed += 1
     return (os.WEXITSTATUS(status), output), cpu_s
+
+  def _over_a_bound(self, code: int, printed: list[pathlib.Path], output: str) -> bool:
+    """Whether a child went over a bound that a usual run would have been stopped at
+    (procs.ProcessRunner: LimitExceeded). Its exit alone does not say: the front ends ignore
+    SIGXFSZ, so a child printing past the output bound exits 0 with its output cut, and one out
+    of memory fails in the front end's own words, which the compiler would retry at a heavier
+    tier where the usual run's LimitExceeded ends the build (tests/verifier/
+    test_verifier_front_ends.py's hostile candidates). Such a compile is run as usual instead, so
+    its verdict never depends on whether a front end was warm."""
+    if self._confinement is None:
+      return False
+    limits = self._confinement.limits
+    size = sum(path.stat().st_size for path in printed if path.is_file())
+    return size > limits.output_bytes or (
+        code != 0 and limits_lib.exceeded(None, output, limits) is not None)
 
   async def _discard(self, warm: _Warm) -> None:
     """Kills the process (its children die with it), then closes the pipes once no thread
