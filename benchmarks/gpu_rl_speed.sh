@@ -33,7 +33,8 @@
 # grain, array-record, portpicker, pyseccomp, grpcio-health-checking, grpcio-reflection) are
 # installed first. Stage limits: TESTS_S, BURST_S, THROUGHPUT_S, FRONT_ENDS_S (first part) and
 # ADVERSARIAL_S, DICE_S, RUN_STAGE_S (second part), TIMING_S, STATE_S, RUN_STAGE_S, SPLIT_S (timing);
-# TESTS_S=0 and RUN_STAGE_S=0 skip those stages,
+# TESTS_S=0, THROUGHPUT_S=0 and RUN_STAGE_S=0 skip those stages, ADVERSARIAL_S=N adds the GPU
+# hostile suite to the first part,
 # FRONT_ENDS_S=N adds verifier_warm_front_ends.py --split on 32 DICE candidates (its start-up took
 # 88 s on the H200). BURST_ARGS and THROUGHPUT_ARGS pass flags on (e.g. "--server-set
 # compile_split=true", "--compile-split"); BURST_BUDGET_S is the burst's --budget-s.
@@ -81,19 +82,26 @@ case "$PART" in
       stage front_ends "$FRONT_ENDS_S" python3 benchmarks/verifier_warm_front_ends.py --data "$DATA" \
         --count 32 --jobs "$(nproc)" --rounds 1 --split
     fi
-    # shellcheck disable=SC2086
-    stage throughput "${THROUGHPUT_S:-170}" python3 benchmarks/verifier_throughput.py \
-      --data "$DATA" --candidates 70 --latency-candidates 4 --skip-naive ${THROUGHPUT_ARGS:-} \
-      --json "$OUT/throughput.json"
+    if [ "${THROUGHPUT_S:-170}" != 0 ]; then
+      # shellcheck disable=SC2086
+      stage throughput "${THROUGHPUT_S:-170}" python3 benchmarks/verifier_throughput.py \
+        --data "$DATA" --candidates 70 --latency-candidates 4 --skip-naive ${THROUGHPUT_ARGS:-} \
+        --json "$OUT/throughput.json"
+    fi
+    if [ "${ADVERSARIAL_S:-0}" != 0 ]; then  # the GPU hostile suite too (as `suites` runs it)
+      stage adversarial "$ADVERSARIAL_S" python3 -m pytest -q -m gpu -p no:cacheprovider -rs \
+        tests/adversarial/test_adversarial_gpu.py
+    fi
     echo
     echo "================ issue 26 on $(tail -1 "$OUT/gpu.txt") at $(cat "$OUT/commit.txt") ================"
     cat "$OUT/stages.txt"
     [ -f "$OUT/tests.log" ] && tail -5 "$OUT/tests.log"
     echo "--- verifier_rl_burst.py"
-    grep -E "^(step|  outcomes|==|server|compiler|targets)" "$OUT/rl_burst.log"
+    grep -E "^(step|  outcomes|  GPU slot|  CPU-s|==|server|compiler|targets)" "$OUT/rl_burst.log"
     [ -f "$OUT/front_ends.log" ] && { echo "--- verifier_warm_front_ends.py"; tail -12 "$OUT/front_ends.log"; }
-    echo "--- verifier_throughput.py --candidates 70"
-    sed -n '/^== service ==/,$p' "$OUT/throughput.log" | head -20
+    [ -f "$OUT/throughput.log" ] && { echo "--- verifier_throughput.py --candidates 70"
+      sed -n '/^== service ==/,$p' "$OUT/throughput.log" | head -20; }
+    [ -f "$OUT/adversarial.log" ] && { echo "--- adversarial"; tail -4 "$OUT/adversarial.log"; }
     ;;
   suites)
     stage adversarial "${ADVERSARIAL_S:-160}" python3 -m pytest -q -m gpu -p no:cacheprovider -rs \
@@ -126,7 +134,7 @@ case "$PART" in
     echo "--- verifier_run_stage.py"
     [ -f "$OUT/run_stage.log" ] && grep -E "^(round|base|both|t30|all)" "$OUT/run_stage.log"
     echo "--- verifier_rl_burst.py"
-    grep -E "^(step|  outcomes|==|server|compiler|targets)" "$OUT/rl_burst.log"
+    grep -E "^(step|  outcomes|  GPU slot|  CPU-s|==|server|compiler|targets)" "$OUT/rl_burst.log"
     ;;
   memory)
     export DICE_INFILLING_JSON="$DATA"
