@@ -339,6 +339,7 @@ def test_hostile_candidates_in_warm_children_leave_the_fork_servers_as_they_were
       warm, leftovers = {}, {}
       for name, text in hostile.items():
         warm[name] = await outcome(name, text)
+        await session.front_ends.settle()  # a cancelled chain's child: its folder removed again
         leftovers[name] = left(servers)
       claimed = session.front_ends.claimed
       honest = await session.compile("honest", _HONEST)

@@ -229,7 +229,8 @@ class FrontEnds:
     return plain
 
   async def settle(self) -> None:
-    """Waits for warm processes being started (not for them to finish parsing)."""
+    """Waits for warm processes being started (not for them to finish parsing) and for the
+    folders of cancelled builds' children to be removed (`_remove_again`)."""
     while self._tasks:
       await asyncio.gather(*self._tasks, return_exceptions=True)
 
@@ -403,6 +404,9 @@ class FrontEnds:
         if warm.requests >= 0:
           os.write(warm.requests, f"k {name}\n".encode())
       shutil.rmtree(child, ignore_errors=True)
+      task = asyncio.ensure_future(_remove_again(child))
+      self._tasks.add(task)  # `settle` waits for it, `close` cancels it
+      task.add_done_callback(self._tasks.discard)
       raise
     self.cpu_s += cpu_s
     if status < 0 or not os.WIFEXITED(status):  # not forked, or killed by a signal: not the
@@ -484,6 +488,15 @@ async def _build_shim(folder: pathlib.Path, env: dict[str, str]) -> pathlib.Path
     return None
   os.replace(partial, target)
   return target
+
+
+async def _remove_again(folder: pathlib.Path) -> None:
+  """A cancelled build's child dies with its waiter (PR_SET_PDEATHSIG) a moment after the kill was
+  asked for, and may write into its folder until then, after the folder was first removed: it is
+  removed again once the child is surely gone."""
+  for delay in (0.1, 1.0):
+    await asyncio.sleep(delay)
+    await asyncio.to_thread(shutil.rmtree, folder, True)
 
 
 def _head(paths: list[pathlib.Path], confinement: confine_lib.Confinement | None) -> str:
