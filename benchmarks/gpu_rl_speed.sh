@@ -64,9 +64,9 @@ run_stage_variants() {
     --rounds 2 --variant fork:standby_setup_at_fork=true --variant together:warmup_together=true \
     --json "$OUT/run_stage.json"
 }
-run_stage_summary() {
+run_stage_summary() {  # the variants' names (default: run_stage_variants's)
   echo "--- verifier_run_stage.py"
-  [ -f "$OUT/run_stage.log" ] && grep -E "^(round|base|fork|together)" "$OUT/run_stage.log"
+  [ -f "$OUT/run_stage.log" ] && grep -E "^(round|base|${1:-fork|together})" "$OUT/run_stage.log"
 }
 
 case "$PART" in
@@ -131,8 +131,7 @@ case "$PART" in
     echo
     echo "================ issue 26 levers on $(tail -1 "$OUT/gpu.txt") at $(cat "$OUT/commit.txt") ================"
     cat "$OUT/stages.txt"
-    echo "--- verifier_run_stage.py"
-    [ -f "$OUT/run_stage.log" ] && grep -E "^(round|base|both|t30|all)" "$OUT/run_stage.log"
+    run_stage_summary "both|t30|all"
     echo "--- verifier_rl_burst.py"
     grep -E "^(step|  outcomes|  GPU slot|  CPU-s|==|server|compiler|targets)" "$OUT/rl_burst.log"
     ;;
