@@ -85,8 +85,8 @@ class ModelNew(nn.Module):
     def forward(self, a, b):
         return ext.scaled_add(a, b, self.scale)
 '''
-_PARTS = ("slot", "total", "fork", "judge_start", "judge_run", "exit", "cleanup", "standby_wait",
-          "load_reference", "load_candidate", "correctness", "probes", "timing_lock_wait",
+_PARTS = ("slot", "total", "fork", "judge_start", "judge_setup_left", "judge_run", "exit",
+          "cleanup", "standby_wait", "lock_down", "load_reference", "load_candidate", "correctness", "probes", "timing_lock_wait",
           "timing_setup", "timing_warmup", "timing_calls", "timing_keep", "timing_verify_batch",
           "timing_verify", "profile")
 

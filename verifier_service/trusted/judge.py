@@ -584,17 +584,21 @@ def run(envelope: envelope_lib.Envelope, chan: wire.Channel,
   `setup` returned before the job ({"environment": ...}), or why it failed ({"error": ...})."""
   judge = Judge(envelope, chan, emit)
   result = judge.result
-  emit({"phase": enums.STAGE_LOAD})
+  # When the run began and when the job was read (after the set-up, worker/job_process.py), by
+  # the worker's clock too: the worker reads this line only once it serves the pair.
+  emit({"phase": enums.STAGE_LOAD, "at": time.monotonic(),
+        "job_read_at": set_up.get("job_read_at")})
   try:
     if "error" in set_up:
       raise Ended(enums.INFRA_ERROR, f"judge setup failed: {set_up['error']}")
     try:
       result["environment"] = dict(set_up["environment"])
+      mark = time.monotonic()
       gpu_lock = timing.GpuLock.for_device(judge.device)
       lock_down()
+      mark = judge.part("lock_down", mark)
     except Exception as e:  # pylint: disable=broad-except
       raise Ended(enums.INFRA_ERROR, f"judge setup failed: {type(e).__name__}: {e}") from e
-    mark = time.monotonic()
     judge.load_reference()
     mark = judge.part("load_reference", mark)
     judge.budget(budget_lib.first(judge.opts, judge.reference_s, judge.trial_bytes))

@@ -18,6 +18,7 @@ import os
 import signal
 import socket
 import sys
+import time
 import traceback
 from typing import Any
 
@@ -93,9 +94,9 @@ def main(role: str, device: str, spec: dict[str, Any], job_dir: str, nonce: str,
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     from verifier_service.run import wire  # pylint: disable=import-outside-toplevel
     setup = None
-    while _wait_for(start_fd) != b"g":
+    while _wait_for(start_fd) != b"g":  # `s` then `g`: the job is read once the set-up is made
       setup = setup or _setup(role, device, spec)
-    setup = setup or _setup(role, device, spec)
+    setup = {**(setup or _setup(role, device, spec)), "job_read_at": time.monotonic()}
     with open(JOB_FILE, encoding="utf-8") as f:
       job = envelope.Envelope.from_json(json.load(f))
     os.unlink(JOB_FILE)

@@ -85,6 +85,10 @@ class Process:
     self.wait_status: int | None = None
     self.cpu_s = 0.0  # user + system CPU of the process and what it reaped (wait4), once exited
     self.first_line_at = self.result_at = self.exited_at = 0.0  # time.monotonic(); 0: not yet
+    # When the judge says it read its job (after its set-up) and began its run (its first message's
+    # `job_read_at` and `at`, the same clock): the worker reads that line only once it serves the
+    # pair, after forking the next one (process.run_job).
+    self.job_read_at = self.began_at = 0.0
     self._buffer = b""
 
   def line(self, line: bytes, out: TextIO, job_id: str) -> None:
@@ -96,6 +100,10 @@ class Process:
     if not isinstance(message, dict):
       return
     if message.get("type") == "phase" and isinstance(message.get("phase"), str):
+      at, read = message.get("at"), message.get("job_read_at")
+      if self.role == JUDGE and not self.began_at and isinstance(at, float):
+        self.began_at = min(at, self.first_line_at)
+        self.job_read_at = min(read, self.began_at) if isinstance(read, float) else 0.0
       if message["phase"] == "CANDIDATE_LOADING" and self.role == CANDIDATE:
         self.loading = True
       elif message["phase"] == job_lib.PHASE_TIMED and self.role == JUDGE:

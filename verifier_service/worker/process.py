@@ -292,8 +292,10 @@ def _timings(marks: dict[str, float], pair: pair_lib.Pair | None) -> dict[str, f
   """Seconds of one job in the worker, part by part (a part that did not happen is left out):
   fork (0 for a pair forked ahead), stage_modules (copying modules and handing the job over),
   standby (forking the next job's pair meanwhile); judge_start (the job handed over to the
-  judge's first message: what is left of its set-up), judge_run (from there to its result: the
-  stages it reports); exit (the judge's result to the job's end for the slot: the candidate's
+  judge's run beginning, by the judge's own clock, as its first message says: the set-up left, if
+  any, then reading the job), judge_setup_left (the job handed over to the judge reading it,
+  which it does once its set-up is made: the part of judge_start that set-up), judge_run
+  (from there to its result: the stages it reports); exit (the judge's result to the job's end for the slot: the candidate's
   final checks and report, or the exits where a process did not report); merge; cleanup (log
   tails, and folders where reaped here); total; and the judge's own parts of its run, from its
   report (trusted/judge.Judge.part)."""
@@ -304,9 +306,12 @@ def _timings(marks: dict[str, float], pair: pair_lib.Pair | None) -> dict[str, f
   if judge is not None and isinstance(judge.result, envelope.JudgeReport):
     out.update(judge.result.timing_parts)
   if judge is not None and "staged" in marks and judge.first_line_at:
-    out["judge_start"] = judge.first_line_at - marks["staged"]
+    began = max(marks["staged"], judge.began_at or judge.first_line_at)
+    out["judge_start"] = began - marks["staged"]
+    if judge.job_read_at:
+      out["judge_setup_left"] = max(0.0, judge.job_read_at - marks["staged"])
     if judge.result_at:
-      out["judge_run"] = judge.result_at - judge.first_line_at
+      out["judge_run"] = judge.result_at - began
       if "served" in marks:
         out["exit"] = marks["served"] - judge.result_at
   out["cleanup"] = marks["end"] - marks.get("merged", marks["end"])
