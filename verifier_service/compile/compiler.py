@@ -200,7 +200,8 @@ class Compiler:
     # Objects built unconfined (their logs, anything an .incbin read) are never a confined
     # server's, nor the reverse.
     self._rest = rest_preprocess.RestPreprocessor(
-        lambda argv, cwd: self._runner.run(argv, cwd, echo=False), device_split.DEVICE_INCLUDE
+        lambda argv, cwd: self._runner.run(argv, cwd, echo=False), device_split.DEVICE_INCLUDE,
+        max_bytes=self.confinement.limits.file_bytes
     ) if options.split and options.split_preprocess else None
     self._objects = objects_lib.Objects(
         self.cache_dir, toolchain.fingerprint + ("" if confine else "-unconfined"), self._runner,

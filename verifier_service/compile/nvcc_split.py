@@ -32,6 +32,7 @@ import shlex
 from typing import Awaitable, Callable, Optional, Sequence
 
 from verifier_service.compile import confine as confine_lib
+from verifier_service.compile import limits as limits_lib
 from verifier_service.compile import procs as compile_procs
 
 # (argv, cwd) -> (return code, combined output).
@@ -122,7 +123,8 @@ def module_id_file(command: str) -> str:
 FrontEndFn = Callable[[str, dict[str, str], pathlib.Path], Awaitable[Optional[tuple[int, str]]]]
 async def _chain(plan: Plan, commands: list[str], cwd: pathlib.Path, run: RunFn,
                  front_end: FrontEndFn | None,
-                 preprocess: FrontEndFn | None = None) -> tuple[int, str]:
+                 preprocess: FrontEndFn | None = None,
+                 limits: limits_lib.Limits | None = None) -> tuple[int, str]:
   """One chain's commands in order; its front-end step through `front_end` and the
   preprocessing step before it (when it is one command) through `preprocess`, when they take
   them."""
@@ -137,6 +139,9 @@ async def _chain(plan: Plan, commands: list[str], cwd: pathlib.Path, run: RunFn,
     result = await hook(part[0], plan.env, cwd) if hook is not None else None
     rc, text = result if result is not None else await run(script(plan, part), cwd)
     output += text
+    if limits is not None and len(output.encode("utf-8", "replace")) > limits.output_bytes:
+      raise compile_procs.LimitExceeded(  # what the chain run as one process would have printed
+          limits_lib.Limit.OUTPUT, f"{limits.message(limits_lib.Limit.OUTPUT)}\n{output}")
     if rc != 0:
       return rc, output
   return 0, output
@@ -153,7 +158,8 @@ async def compile_split(argv: list[str], source_text: str, cwd: pathlib.Path, ru
                         prepare_final: PrepareFn | None = None,
                         front_end: FrontEndFn | None = None,
                         host_first: bool = False,
-                        preprocess: FrontEndFn | None = None) -> tuple[int, str] | None:
+                        preprocess: FrontEndFn | None = None,
+                        limits: limits_lib.Limits | None = None) -> tuple[int, str] | None:
   """Runs `argv` (an `nvcc ... -c SRC -o OUT` command, run in `cwd`) as two concurrent chains and
   the host compile. Returns (return code, output) as nvcc would, or None to say "run nvcc
   instead". The module id defaults to one derived from the source.
@@ -175,13 +181,13 @@ async def compile_split(argv: list[str], source_text: str, cwd: pathlib.Path, ru
     module_id = f"_{digest[:8]}_dice_{digest[8:24]}"
   (cwd / plan.module_id_file).write_text(module_id)
   if host_first:
-    host_result = await _chain(plan, plan.host, cwd, run, front_end, preprocess)
+    host_result = await _chain(plan, plan.host, cwd, run, front_end, preprocess, limits)
     if host_result[0] != 0:
       return host_result
-    device_result = await _chain(plan, plan.device, cwd, run, front_end, preprocess)
+    device_result = await _chain(plan, plan.device, cwd, run, front_end, preprocess, limits)
     return await _finish(plan, cwd, run, [host_result, device_result], prepare_final)
-  host = asyncio.ensure_future(_chain(plan, plan.host, cwd, run, front_end, preprocess))
-  device = asyncio.ensure_future(_chain(plan, plan.device, cwd, run, front_end, preprocess))
+  host, device = (asyncio.ensure_future(_chain(plan, chain, cwd, run, front_end, preprocess,
+                                               limits)) for chain in (plan.host, plan.device))
   try:
     done, _ = await asyncio.wait([host, device], return_when=asyncio.FIRST_COMPLETED)
     if host in done and host.result()[0] != 0:

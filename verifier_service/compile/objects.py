@@ -122,7 +122,8 @@ class Objects:
         result = await nvcc_split.compile_split(
             argv, text, work, lambda a, cwd: self._runner.run(a, cwd, echo=False),
             module_id=module_id, prepare_final=prepare, front_end=warm, host_first=host_first,
-            preprocess=self._preprocess if module_id else None)
+            preprocess=self._preprocess if module_id else None,
+            limits=self._runner.confinement.limits if self._runner.confinement else None)
       except (compile_procs.LimitExceeded, confine_lib.ConfinementError):
         raise  # the source went over a bound (final), or we could not confine a step
       except Exception:  # pylint: disable=broad-except  (a speed-up: nvcc itself decides)

@@ -250,8 +250,10 @@ class RestPreprocessor:
   """`run(command, env, cwd)`: the step's (0, "") with its output written from a snapshot, or
   None for "run it as usual" (nvcc_split's `preprocess` hook)."""
 
-  def __init__(self, run: RunFn, marker: str, check_every: int = CHECK_EVERY):
+  def __init__(self, run: RunFn, marker: str, check_every: int = CHECK_EVERY,
+               max_bytes: int | None = None):
     self._run = run
+    self._max_bytes = max_bytes  # the file bound the usual pass writes its output under
     self._marker = marker
     self._head = marker.split("\n", 1)[0] + "\n"
     included = re.fullmatch(r'#include "([^"/]+)"\n', self._head)
@@ -305,8 +307,8 @@ class RestPreprocessor:
     if not snapshot.checked or snapshot.uses % self._check_every == 0:
       return await self._check(key, step, body, env, cwd, snapshot)
     fast = await self._fast(step, body, env, cwd, snapshot)
-    if fast is None:
-      return None
+    if fast is None or (self._max_bytes is not None and len(fast) > self._max_bytes):
+      return None  # past the file bound: the usual pass is stopped there and names it
     (cwd / step.argv[step.output]).write_bytes(fast)
     self.served += 1
     return 0, ""
