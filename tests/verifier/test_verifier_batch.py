@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import re
 import subprocess
 import sys
 import textwrap
@@ -221,6 +222,64 @@ def test_a_batch_too_small_to_pay_is_not_built_when_its_members_split(tmp_path):
           False, False, False, True, True]
 
 
+def _declaring_f(tmp_path, reply) -> list[list[str]]:
+  """Two rounds of two members that each declare a device function f, where the include block
+  uses f only as a parameter's name (its preprocessed text), and the compiler's two front ends
+  answer the name check with `reply(device_view, names, end_line)`: each round's reasons."""
+  async def run(argv, cwd):
+    if "-E" in argv:
+      (cwd / argv[-1]).write_text("float g(float f);\n")
+      return 0, ""
+    text = (cwd / "cuda.cu").read_text()
+    names = re.findall(r"using ::(\w+);", text)
+    end = text.rstrip().splitlines()[-1].rstrip(";")
+    return reply("-cubin" in argv, names, end)
+
+  async def compile_fn(cmd, text, filename, module_id, files):
+    return str(tmp_path / "missing.o"), ""
+
+  def source(i: int) -> str:
+    return HEAD + f"__device__ float f(float x) {{ return x * {i}; }}\n__global__ void k{i}() {{}}\n"
+
+  async def go():
+    batcher = batch.Batcher(compile_fn, run, tmp_path, gather_s=0.05)
+    rounds = []
+    for first in (0, 2):
+      results = await asyncio.wait_for(asyncio.gather(*(
+          batcher.compile(["nvcc"], None, source(i), str(i)) for i in (first, first + 1))), 20)
+      rounds.append([why for _, why in results])
+      await batcher.names_checked()
+    return rounds
+  return asyncio.run(go())
+
+
+def _front_end(rc: int, missing: list[str], end: str) -> tuple[int, str]:
+  lines = [f'cuda.cu(4): error: the global scope has no "{n}"' for n in missing]
+  return rc, "\n".join(lines + [f"cuda.cu(5): error: this declaration has no storage class\n  {end};"])
+
+
+def test_a_name_the_headers_only_use_as_a_parameter_stops_keeping_members_alone(tmp_path):
+  """`global_names` over-approximates (a parameter's name counts): the first members that
+  declare such a name are refused, and the compiler is asked in the background whether the
+  headers declare it at global scope (`using ::f;`, host and device front ends). Where both say
+  they do not, later members declaring f go to a batch (whose stand-in objects fail its check)."""
+  rounds = _declaring_f(tmp_path, lambda device, names, end: _front_end(2, names, end))
+  assert all("declares f, a name the headers use" in why for why in rounds[0]), rounds
+  assert all(why.startswith("its batch was not used") for why in rounds[1]), rounds
+
+
+@pytest.mark.parametrize("reply", [
+    pytest.param(lambda device, names, end: _front_end(2, [] if device else names, end),
+                 id="the device view declares it"),
+    pytest.param(lambda device, names, end: _front_end(2, names, "cut short"), id="no last line"),
+    pytest.param(lambda device, names, end: _front_end(0, names, end), id="compiled"),
+    pytest.param(lambda device, names, end: (2, "nvcc fatal : out of memory"), id="failed"),
+])
+def test_a_name_not_shown_undeclared_by_both_front_ends_keeps_members_alone(tmp_path, reply):
+  rounds = _declaring_f(tmp_path, reply)
+  assert all("declares f, a name the headers use" in why for why in rounds[0] + rounds[1]), rounds
+
+
 def test_the_include_blocks_own_object_compiles_alongside_the_first_batch(tmp_path):
   """The object every batch of a group is checked against (the include block alone) starts
   compiling when the group's first batch is planned, not once that batch has compiled: the two
@@ -362,6 +421,40 @@ def test_a_source_whose_extra_include_changes_nothing_shares_the_batch(toolchain
   assert [r.batch_size for r in results] == [2, 2], [r.batch_note for r in results]
   assert stats["extended"] >= 1 and stats["batches"] == 1, stats
   assert _call_all([r.so_path for r in results]) == [[2.0] * 3, [1.0] * 3]
+
+
+@pytest.mark.slow
+def test_a_function_named_like_a_header_parameter_batches_once_the_compiler_says_so(toolchain,
+                                                                                    cache_dir):
+  """Host functions named f (the synthetic problems'): the CUDA headers use f only as a
+  parameter's and a struct member's name. The first sources that declare f build alone while
+  nvcc's front ends are asked; later ones share a batch, each module computing its own answer.
+  An overload of fmaf, which the CUDA headers declare at global scope, stays alone."""
+  def ext(name: str, factor: float):
+    helper = f"static double f(double s) {{ return s * {factor}; }}\n"
+    return _extension(name, _scaled("1.0", helper).replace("mul(s * 1.0)", "mul(f(s))"))
+  fmaf = _scaled("5.0", "__device__ float fmaf(float a, float b, float c, float d) { return a; }\n")
+
+  async def go():
+    compiler = compile_lib.Compiler(toolchain, cache_dir, compile_lib.CompilerOptions(max_jobs=2))
+    try:
+      rounds = []
+      for first in (1, 3):
+        exts = [ext(f"named_f_{first}", first), ext(f"named_f_{first + 1}", first + 1),
+                _extension(f"named_fmaf_{first}", fmaf)]
+        rounds.append(await asyncio.gather(*(compiler.build(e, 900) for e in exts)))
+        await compiler._batcher.names_checked()  # pylint: disable=protected-access
+      return rounds, compiler.batch_stats()
+    finally:
+      await compiler.close()
+  (first, second), stats = asyncio.run(go())
+  assert all(r.ok for r in first + second), [r.log[-500:] for r in first + second]
+  notes = [r.batch_note for r in first + second]
+  assert all("declares f," in note for note in notes[:2]), notes
+  assert "declares fmaf," in notes[2] and "declares fmaf," in notes[5], notes
+  assert [r.batch_size for r in second] == [2, 2, 0], notes
+  assert stats["names_not_declared"] == 1, stats
+  assert _call_all([r.so_path for r in second]) == [[3.0] * 3, [4.0] * 3, [5.0] * 3]
 
 
 @pytest.mark.slow

@@ -19,7 +19,9 @@ Each member keeps the meaning it has alone, and cannot reach another member's pr
   __INCLUDE_LEVEL__, ...: a member's file is not the source's), macros the headers also define,
   macros used where they could declare names, and any name it declares at namespace scope that
   the headers also use at global scope (inside a namespace it would hide the global overloads it
-  joins alone). Header macros that expand to __FILE__ (TORCH_CHECK's message) still name the
+  joins alone), unless the compiler says the headers declare no such global (`using ::name;`
+  fails in both front ends: the name was a parameter's, a struct member's, a literal's suffix;
+  asked once per include block and name, in the background, after the first refusal). Header macros that expand to __FILE__ (TORCH_CHECK's message) still name the
   member's file in a batch: a member that reads such a message can tell it is batched, and what
   it then does is what its verdict checks (the batched module is the one that runs).
 - The batch object runs no member code when loaded: its initialisation and finalisation entries
@@ -80,6 +82,9 @@ MAX_MEMBERS = 16
 # headers, cudafe++ and cicc, cold when no warm front end matched), a split build's cuda.cu
 # 3.1-3.8 (means); batches of 3 cost 6.7 and 11.3, four of 5-10 (32 members) 49.7 together.
 SMALL_BATCH = 2
+# A refused member's clashing names asked of the compiler at once (`Batcher._check_names`): an
+# EDG front end stops after 100 errors, one per name not declared.
+NAMES_PER_CHECK = 64
 GATHER_S = 0.15  # a burst's requests arrive within this of each other
 GATHER_MAX_S = 1.0
 # Why a member was not batched when the batch's own errors name its code: it most likely does not
@@ -286,10 +291,17 @@ def refusal(member: Member, global_names: frozenset[str], macros: frozenset[str]
   own = member.scope_names & set(member.macros)
   if own:
     return f"uses its own macro {sorted(own)[0]} at namespace scope"
-  clashes = (member.declared - macros - set(member.macros)) & global_names
-  if clashes:
-    return f"declares {sorted(clashes)[0]}, a name the headers use at global scope"
+  found = clashes(member, global_names, macros)
+  if found:
+    return f"declares {sorted(found)[0]}, a name the headers use at global scope"
   return None
+
+
+def clashes(member: Member, global_names: frozenset[str], macros: frozenset[str]
+            ) -> frozenset[str]:
+  """The names `member` declares at namespace scope that `global_names` (the include block's)
+  holds."""
+  return (member.declared - macros - set(member.macros)) & global_names
 
 
 def global_names(preprocessed: str) -> frozenset[str]:
@@ -475,6 +487,10 @@ class _Group:
   arrivals: int = 0
   dispatcher: asyncio.Task | None = None
   names: asyncio.Future | None = None  # (global names, macros) of the include block
+  # Of its global names, those the compiler says the block does not declare at global scope (a
+  # parameter's, a member's, a literal's suffix), per name asked (`Batcher._check_names`).
+  not_declared: set[str] = dataclasses.field(default_factory=set)
+  asked: dict[str, asyncio.Future] = dataclasses.field(default_factory=dict)
   prefix_object: asyncio.Future | None = None  # its object's init_signature
 
 
@@ -501,7 +517,7 @@ class Batcher:
     self._tasks: set[asyncio.Task] = set()  # batches in flight (a reference keeps each alive)
     self._digests: dict[tuple, asyncio.Future] = {}  # (cmd, include block): `_digest`
     self.stats = {"batches": 0, "batched": 0, "alone": 0, "refused": 0, "failed": 0,
-                  "extended": 0}
+                  "extended": 0, "names_not_declared": 0}
 
   async def compile(self, cmd: list[str], module_id: str | None, text: str, problem: str = "",
                     alone_ok: bool = False) -> tuple[Batched | None, str]:
@@ -623,11 +639,13 @@ class Batcher:
     except compile_procs.ProcessFailed as e:
       self._alone(taken, "its include block does not preprocess alone: " + e.log[-200:])
       return
+    names = names - group.not_declared
     members = []
     for member, future in taken:
       reason = refusal(member, names, macros)
       if reason:
         self.stats["refused"] += 1
+        self._check_names(group, clashes(member, names, macros))
         _resolve(future, None, reason)
       else:
         members.append((member, future))
@@ -708,6 +726,54 @@ class Batcher:
         group.cmd, group.includes, ([], ["-D__CUDA_ARCH__=900"], ["-Xcompiler", "-dM"]))
     names = await asyncio.to_thread(lambda: global_names(host) | global_names(device))
     return names, frozenset(re.findall(r"^#define (\w+)", macros, re.M))
+
+  def _check_names(self, group: _Group, names: frozenset[str]) -> None:
+    """Asks the compiler, in the background, which of `names` (global names of the group's block
+    that a refused member declares) the block really declares at global scope; those it does
+    not stop keeping members out of later batches. The members refused meanwhile are not made
+    to wait (the answer costs two front-end runs over the headers, once per group and name)."""
+    fresh = sorted(set(names) - set(group.asked))[:NAMES_PER_CHECK]
+    if not fresh:
+      return
+    task = asyncio.ensure_future(self._read_not_declared(group, fresh))
+    group.asked.update((name, task) for name in fresh)
+    self._tasks.add(task)
+    task.add_done_callback(self._tasks.discard)
+
+  async def names_checked(self) -> None:
+    """Waits for every name check started so far (`_check_names`)."""
+    await asyncio.gather(*(f for g in self._groups.values() for f in g.asked.values()),
+                         return_exceptions=True)
+
+  async def _read_not_declared(self, group: _Group, names: list[str]) -> None:
+    """`using ::name;` for each of `names` after the group's include block, through both of
+    `cmd`'s front ends (cudafe++ for the host view, then the device view's cicc by `-cubin`),
+    followed by a line that is always an error, so that neither goes further. A name is not
+    declared when both say "the global scope has no" it and both reached that last line; any
+    other outcome (a failed run, a timeout, output cut short) leaves every name declared."""
+    work = pathlib.Path(tempfile.mkdtemp(prefix="batch-names-", dir=self._work_dir))
+    nonce = secrets.token_hex(6)
+    end = f"dice_names_end_{nonce}"
+    try:
+      await asyncio.to_thread((work / "cuda.cu").write_text, (
+          _include_text(group.includes)
+          + f"namespace dice_names_{nonce} {{ "
+          + " ".join(f"using ::{name};" for name in names) + f" }}\n{end};\n"))
+      base = [a for a in group.cmd if a not in ("-c", "{src}", "-o", "{out}")]
+      runs = await asyncio.gather(
+          self._run(base + ["-c", "cuda.cu", "-o", "cuda.o"], work),
+          self._run(base + ["-cubin", "cuda.cu", "-o", "cuda.cubin"], work))
+    except Exception:  # pylint: disable=broad-except  (a speed-up: the refusal stays)
+      log.exception("checking the headers' global names failed")
+      return
+    finally:
+      await asyncio.to_thread(shutil.rmtree, work, True)
+    if any(rc == 0 or end not in output for rc, output in runs):
+      return
+    found = {name for name in names
+             if all(f'the global scope has no "{name}"' in output for _, output in runs)}
+    group.not_declared |= found
+    self.stats["names_not_declared"] += len(found)
 
   def _prefix_object(self, group: _Group) -> asyncio.Future:
     """What the include block's own object runs at load time (None if it does not build): a
