@@ -12,6 +12,8 @@ import concurrent.futures
 import os
 import re
 import signal
+import subprocess
+import sys
 import time
 
 import psutil
@@ -562,6 +564,28 @@ def test_reference_that_raises_is_bad_reference(cpu_server):
 def test_worker_processes_fork_single_threaded_without_cuda(cpu_server):
   # fork() copies one thread; the worker must not have started others (or touched CUDA).
   assert all(slot.info["threads"] == 1 for slot in cpu_server.scheduler.pool.slots)
+
+
+_PREPARE = """
+import sys, torch
+def no_cuda(*args, **kwargs):
+  raise AssertionError("the worker asked CUDA")
+torch.cuda.is_available = torch._C._cuda_getDeviceCount = no_cuda
+from verifier_service.untrusted import child
+child.prepare_worker()
+assert "torch.utils.cpp_extension" in sys.modules
+assert torch.cuda.is_available is no_cuda and not torch.cuda.is_initialized()
+print("prepared")
+"""
+
+
+def test_the_worker_imports_load_inlines_module_without_asking_cuda():
+  """Each job's candidate process imported torch.utils.cpp_extension itself (0.50 CPU-s on an
+  H100 host); the worker now does, once, before it forks, and must not ask CUDA whether it is
+  available on the way (that initialises the driver: no forked child could use CUDA)."""
+  proc = subprocess.run([sys.executable, "-c", _PREPARE], capture_output=True, text=True,
+                        timeout=300, check=False)
+  assert proc.returncode == 0 and "prepared" in proc.stdout, proc.stderr[-3000:]
 
 
 def test_torch_wrapping_its_own_functions_is_not_monkey_patching(cpu_server):

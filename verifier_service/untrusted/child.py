@@ -125,11 +125,28 @@ def _patch_load_inline(modules: dict[str, str]) -> None:
 
 def prepare_worker() -> None:
   """Run once in the worker before it forks: the first TorchDispatchMode imports torch._dynamo
-  (seconds), and the dispatcher's snapshot; every job's process inherits both. Touches no CUDA
-  and starts no thread."""
+  (seconds), torch.utils.cpp_extension (`_import_cpp_extension`), and the dispatcher's snapshot;
+  every job's process inherits all three. Touches no CUDA and starts no thread."""
   with ops.OpRecorder(), guards.ForwardTracer(set(), set()):
     torch.ones(2).add(1)
+  _import_cpp_extension()
   dispatch.baseline()
+
+
+def _import_cpp_extension() -> None:
+  """Imports torch.utils.cpp_extension (load_inline's module, which `_patch_load_inline` answers)
+  without the one CUDA call its import makes: `_find_cuda_home` asks torch.cuda.is_available()
+  only to word a warning, and that initialises the CUDA driver, after which no forked child can
+  use CUDA. Decision: imported in each job's candidate process instead, it cost 0.50 CPU-s of a
+  0.68 s set-up (setuptools, Cython; H100 host, benchmarks/gpu_setup_cost.py, 2026-12-06)."""
+  if "torch.utils.cpp_extension" in sys.modules:
+    return
+  available = torch.cuda.is_available
+  torch.cuda.is_available = lambda: True  # no warning to word: the worker never uses CUDA
+  try:
+    importlib.import_module("torch.utils.cpp_extension")
+  finally:
+    torch.cuda.is_available = available
 
 
 def trusted_setup(device_name: str, fraction: float) -> dict[str, str]:
@@ -137,7 +154,6 @@ def trusted_setup(device_name: str, fraction: float) -> dict[str, str]:
   the job is known (worker/pair.py). Returns the Verdict environment fields (GPU name and arch)."""
   device = torch.device(device_name)
   torch.set_num_threads(1)
-  from torch.utils import cpp_extension  # noqa: F401  # pylint: disable=import-outside-toplevel,unused-import
   prepare_worker()  # a no-op after the worker's own call
   if device.type != "cuda":
     return {}
