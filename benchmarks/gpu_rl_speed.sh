@@ -15,6 +15,9 @@
 #       kernel at 4 slots: the next pair set up after the running job's timing vs at its fork,
 #       and both sides' warm-ups one after the other vs at once; jobs/s and median speedup, two
 #       rounds each) if time is left
+#   bash benchmarks/gpu_rl_speed.sh DICE_JSON profile   # ~3 min: py-spy (--native, 50 Hz; SPY_ARGS
+#       and SPY_RATE change it) records verifier_run_stage.py's 40 jobs at 4 slots;
+#       benchmarks/profile_jobs.py prints each role's CPU per job and its costliest functions
 #   bash benchmarks/gpu_rl_speed.sh DICE_JSON memory    # ~6 min: the DICE 3497 test (4 GiB
 #       outputs, two seeds: 312 s on the H200 on 2026-12-04, each retried alone; 303 s on an H100
 #       on 2026-12-05, checked per batch, OK at once)
@@ -134,6 +137,19 @@ case "$PART" in
     run_stage_summary "both|t30|all"
     echo "--- verifier_rl_burst.py"
     grep -E "^(step|  outcomes|  GPU slot|  CPU-s|==|server|compiler|targets)" "$OUT/rl_burst.log"
+    ;;
+  profile)  # py-spy (a wheel in .whl/) on the run stage: where a job's processes spend their CPU
+    stage profile "${PROFILE_S:-200}" py-spy record --subprocesses ${SPY_ARGS:---native --rate 50} \
+      --format raw -o "$OUT/spy.txt" -- python3 benchmarks/verifier_run_stage.py --jobs 40 \
+      --slots-per-gpu 4 --rounds 1 --json "$OUT/run_stage_profiled.json"
+    python3 benchmarks/profile_jobs.py "$OUT/spy.txt" --rate "${SPY_RATE:-50}" --jobs 40 --top 40 \
+      >"$OUT/profile.txt" 2>&1
+    echo
+    echo "================ issue 26 profile on $(tail -1 "$OUT/gpu.txt") at $(cat "$OUT/commit.txt") ================"
+    cat "$OUT/stages.txt"
+    grep -E "^(round|base)" "$OUT/profile.log"
+    tail -3 "$OUT/profile.log"
+    head -c 7000 "$OUT/profile.txt"
     ;;
   memory)
     export DICE_INFILLING_JSON="$DATA"

@@ -85,6 +85,7 @@ class ModelNew(nn.Module):
     def forward(self, a, b):
         return ext.scaled_add(a, b, self.scale)
 '''
+_CPU_ROLES = ("judge", "candidate")  # dice_verifier_job_cpu_seconds's parts (Pair.cpu_report)
 _PARTS = ("slot", "total", "fork", "judge_start", "judge_setup_left", "judge_run", "exit",
           "cleanup", "standby_wait", "lock_down", "load_reference", "load_candidate", "correctness", "probes", "timing_lock_wait",
           "timing_setup", "timing_warmup", "timing_calls", "timing_keep", "timing_verify_batch",
@@ -124,6 +125,9 @@ async def _burst(args: argparse.Namespace, fields: dict, reference: str, candida
     metrics = scheduler.metrics.registry.get_sample_value
     part = lambda p, what: metrics(f"dice_verifier_worker_seconds_{what}", {"part": p}) or 0.0
     before = {p: (part(p, "sum"), part(p, "count")) for p in _PARTS}
+    job_cpu = lambda role, what: metrics(f"dice_verifier_job_cpu_seconds_{what}",
+                                         {"part": role}) or 0.0
+    cpu_before = {r: (job_cpu(r, "sum"), job_cpu(r, "count")) for r in _CPU_ROLES}
     start = time.monotonic()
     verdicts = await asyncio.gather(*(stub.Verify(pb.VerifyRequest(
         request_id=f"job-{seed0}-{i}", reference_source=reference, candidate_source=candidate,
@@ -134,12 +138,19 @@ async def _burst(args: argparse.Namespace, fields: dict, reference: str, candida
       n = part(p, "count") - before[p][1]
       if n:
         parts[p] = (part(p, "sum") - before[p][0]) / n
+    await asyncio.sleep(1.0)  # the last jobs' processes exit after their verdicts and are reaped
+    cpu = {}
+    for r in _CPU_ROLES:
+      n = job_cpu(r, "count") - cpu_before[r][1]
+      if n:
+        cpu[r] = (job_cpu(r, "sum") - cpu_before[r][0]) / n
   finally:
     await channel.close()
     await server.stop(grace=1)
     await scheduler.stop()
   outcomes = sorted({pb.Outcome.Name(v.outcome) for v in verdicts})
-  return {"wall_s": wall, "jobs_per_s": args.jobs / wall, "parts_s": parts, "outcomes": outcomes,
+  return {"wall_s": wall, "jobs_per_s": args.jobs / wall, "parts_s": parts, "cpu_s": cpu,
+          "outcomes": outcomes,
           "speedups": [v.timing.speedup for v in verdicts if v.HasField("timing")]}
 
 
@@ -173,19 +184,25 @@ def main() -> None:
                                   1000 * (r * len(variants) + v)))
       runs[name].append(result)
       print(f"round {r} {name}: {args.jobs} jobs in {result['wall_s']:.2f} s = "
-            f"{result['jobs_per_s']:.2f} jobs/s; {result['outcomes']}; a slot's job (mean s): "
+            f"{result['jobs_per_s']:.2f} jobs/s; {result['outcomes']}; a job's processes' CPU "
+            "(mean s): " + ", ".join(f"{k} {v:.3f}" for k, v in result["cpu_s"].items())
+            + "; a slot's job (mean s): "
             + ", ".join(f"{k} {v:.3f}" for k, v in result["parts_s"].items()), flush=True)
   base = statistics.median(r["jobs_per_s"] for r in runs["base"])
   summary = {}
   for name, results in runs.items():
     rate = statistics.median(r["jobs_per_s"] for r in results)
     slot = statistics.median(r["parts_s"].get("slot", float("nan")) for r in results)
+    cpu = statistics.median(sum(r["cpu_s"].get(role, 0.0) for role in ("judge", "candidate"))
+                            for r in results)
     speedups = [s for r in results for s in r["speedups"]]
     summary[name] = {"jobs_per_s": rate, "ratio_to_base": rate / base, "slot_s": slot,
+                     "job_cpu_s": cpu,
                      "median_speedup": statistics.median(speedups) if speedups else None,
                      "runs": results}
     print(f"{name}: median {rate:.2f} jobs/s ({rate / base:.2f}x base), a slot's job "
-          f"{slot:.3f} s, median speedup {summary[name]['median_speedup']}")
+          f"{slot:.3f} s, a job's processes {cpu:.3f} CPU-s, median speedup "
+          f"{summary[name]['median_speedup']}")
   if args.json:
     pathlib.Path(args.json).write_text(json.dumps(summary, indent=1))
 

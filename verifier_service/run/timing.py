@@ -65,6 +65,7 @@ HANDOVER_S = 0.1
 HANDOVER_WARMUP_S = 0.02
 LOCK_WAIT_S = 60.0
 LOCK_DIR = os.path.join(tempfile.gettempdir(), "dice-verifier-gpu-locks")
+CU_CTX_SCHED_BLOCKING_SYNC = 0x04  # cuda.h's CUctx_flags
 
 
 def stats(samples_us: list[float]) -> dict[str, Any]:
@@ -237,3 +238,28 @@ class GpuLock:
     Decision: with several slots per GPU, timing stages queue for the lock back to back,
     and 2 x WARMUP_S per job was about half of each one's time holding it."""
     return HANDOVER_WARMUP_S if self.handed_over else WARMUP_S
+
+
+def block_on_sync(device: str) -> None:
+  """Makes the primary CUDA context of `device` ("cuda" or "cuda:N"), not yet made in this
+  process, block the waiting thread on every synchronisation instead of spinning on a core
+  (ServerConfig.cuda_blocking_sync): the driver's flag, set before torch makes the context.
+  Raises RuntimeError with the driver's error code where a call fails."""
+  import ctypes  # pylint: disable=import-outside-toplevel
+  lib = ctypes.CDLL("libcuda.so.1")
+  handle = ctypes.c_int()
+  index = int(device.partition(":")[2] or 0)
+  for name, args in (("cuInit", (0,)), ("cuDeviceGet", (ctypes.byref(handle), index)),
+                     ("cuDevicePrimaryCtxSetFlags_v2", (handle, CU_CTX_SCHED_BLOCKING_SYNC))):
+    code = getattr(lib, name)(*args)
+    if code != 0:
+      raise RuntimeError(f"{name} failed: CUDA driver error {code}")
+
+
+def context_blocks_on_sync() -> bool:
+  """Whether the current CUDA context has the blocking-synchronisation flag (after torch made
+  it): what `block_on_sync` asked for, checked."""
+  import ctypes  # pylint: disable=import-outside-toplevel
+  flags = ctypes.c_uint()
+  code = ctypes.CDLL("libcuda.so.1").cuCtxGetFlags(ctypes.byref(flags))
+  return code == 0 and bool(flags.value & CU_CTX_SCHED_BLOCKING_SYNC)

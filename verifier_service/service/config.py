@@ -121,6 +121,13 @@ class ServerConfig:
   # two (0.22-0.27 s of a job's 0.5-0.6 s under it, H200 RL bursts, BENCHMARKS.md runs 9-12). Off
   # until measured on the H200 (jobs/s and DICE-99's speedups, `gpu_rl_speed.sh ... suites`).
   warmup_together: bool = False
+  # True: each job process's CUDA context blocks its thread while it waits for the GPU
+  # (CU_CTX_SCHED_BLOCKING_SYNC) instead of spinning a core, which CUDA does by default for a
+  # process with fewer contexts than the machine has cores: every sync of both sides (the
+  # correctness trials' comparisons, the timing, the profile) then leaves its core to the
+  # compilers. Off until measured on a GPU (CPU per job, jobs/s, speedups: verifier_run_stage.py's
+  # `blocking` variant, gpu_rl_speed.sh).
+  cuda_blocking_sync: bool = False
   # Verdicts kept by program (service/text_key.py: the same problem, options and candidate but
   # for comments and layout); 0: only exact resends of a request id are answered from a cache.
   program_cache_size: int = 10_000
@@ -165,6 +172,7 @@ class ServerConfig:
             "standby": self.standby_processes,
             "standby_setup": "fork" if self.standby_setup_at_fork else "timed",
             "warmup_together": self.warmup_together,
+            "blocking_sync": self.cuda_blocking_sync,
             "read_only": [cuda_root] if cuda_root else []}
 
 

@@ -63,6 +63,9 @@ def _wait_for(start_fd: int) -> bytes:
 def _setup(role: str, device: str, spec: dict[str, Any]) -> dict[str, Any]:
   """The role's trusted setup; a failure is kept for the job's report, not raised."""
   try:
+    if spec.get("blocking_sync") and device.startswith("cuda"):
+      from verifier_service.run import timing  # pylint: disable=import-outside-toplevel
+      timing.block_on_sync(device)  # before the role's set-up makes the context
     if role == JUDGE:
       from verifier_service.trusted import judge  # pylint: disable=import-outside-toplevel
       return {"environment": judge.setup(device, spec.get("judge_gpu_memory_fraction", 0.0))}
