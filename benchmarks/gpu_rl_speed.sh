@@ -13,11 +13,14 @@
 #       a 53 s start-up, 331 s in all, on 2026-12-05 while 3497 failed fast; DICE's 99 alone took
 #       377 s on an H100 once 3497 ran to OK), and verifier_run_stage.py (64 jobs of one
 #       kernel at 4 slots: the next pair set up after the running job's timing vs at its fork,
-#       and both sides' warm-ups one after the other vs at once; jobs/s and median speedup, two
-#       rounds each) if time is left
-#   bash benchmarks/gpu_rl_speed.sh DICE_JSON profile   # ~3 min: py-spy (--native, 50 Hz; SPY_ARGS
-#       and SPY_RATE change it) records verifier_run_stage.py's 40 jobs at 4 slots;
-#       benchmarks/profile_jobs.py prints each role's CPU per job and its costliest functions
+#       both sides' warm-ups one after the other vs at once, two pairs forked ahead vs one, and
+#       job processes that block on synchronisation vs spin; jobs/s, the job processes' CPU and
+#       the median speedup, two rounds each) if time is left
+#   bash benchmarks/gpu_rl_speed.sh DICE_JSON profile   # ~3 min: py-spy (25 Hz, the first 75 s;
+#       SPY_ARGS and SPY_RATE change it: `--native --rate 50` fell behind on an H100 on 2026-12-06
+#       and the stage limit killed it before it wrote anything) records verifier_run_stage.py's
+#       40 jobs at 4 slots; benchmarks/profile_jobs.py prints each role's CPU per job and its
+#       costliest functions
 #   bash benchmarks/gpu_rl_speed.sh DICE_JSON memory    # ~6 min: the DICE 3497 test (4 GiB
 #       outputs, two seeds: 312 s on the H200 on 2026-12-04, each retried alone; 303 s on an H100
 #       on 2026-12-05, checked per batch, OK at once)
@@ -59,17 +62,19 @@ if compgen -G ".whl/*.whl" >/dev/null; then  # what the image lacks (../shared/d
 fi
 stage install 90 python3 -m pip install -q --no-deps --no-build-isolation -e .
 # verifier_run_stage.py: 64 jobs of one kernel at 4 slots, the next pair set up after the running
-# job's timing vs at its fork, and both sides' warm-ups one after the other vs at once (jobs/s
-# and median speedup, two rounds each); a limit of 0 skips it.
+# job's timing vs at its fork, both sides' warm-ups one after the other vs at once, two pairs
+# ahead vs one, blocking vs spinning synchronisation (jobs/s, the job processes' CPU and median
+# speedup, two rounds each); a limit of 0 skips it.
 run_stage_variants() {
   [ "$1" != 0 ] || return 0
   stage run_stage "$1" python3 benchmarks/verifier_run_stage.py --jobs 64 --slots-per-gpu 4 \
     --rounds 2 --variant fork:standby_setup_at_fork=true --variant together:warmup_together=true \
+    --variant ahead:standby_pairs=2 --variant blocking:cuda_blocking_sync=true \
     --json "$OUT/run_stage.json"
 }
 run_stage_summary() {  # the variants' names (default: run_stage_variants's)
   echo "--- verifier_run_stage.py"
-  [ -f "$OUT/run_stage.log" ] && grep -E "^(round|base|${1:-fork|together})" "$OUT/run_stage.log"
+  [ -f "$OUT/run_stage.log" ] && grep -E "^(round|base|${1:-fork|together|ahead|blocking})" "$OUT/run_stage.log"
 }
 
 case "$PART" in
@@ -139,10 +144,10 @@ case "$PART" in
     grep -E "^(step|  outcomes|  GPU slot|  CPU-s|==|server|compiler|targets)" "$OUT/rl_burst.log"
     ;;
   profile)  # py-spy (a wheel in .whl/) on the run stage: where a job's processes spend their CPU
-    stage profile "${PROFILE_S:-200}" py-spy record --subprocesses ${SPY_ARGS:---native --rate 50} \
+    stage profile "${PROFILE_S:-200}" py-spy record --subprocesses ${SPY_ARGS:---rate 25 --duration 75} \
       --format raw -o "$OUT/spy.txt" -- python3 benchmarks/verifier_run_stage.py --jobs 40 \
       --slots-per-gpu 4 --rounds 1 --json "$OUT/run_stage_profiled.json"
-    python3 benchmarks/profile_jobs.py "$OUT/spy.txt" --rate "${SPY_RATE:-50}" --jobs 40 --top 40 \
+    python3 benchmarks/profile_jobs.py "$OUT/spy.txt" --rate "${SPY_RATE:-25}" --jobs 40 --top 40 \
       >"$OUT/profile.txt" 2>&1
     echo
     echo "================ issue 26 profile on $(tail -1 "$OUT/gpu.txt") at $(cat "$OUT/commit.txt") ================"

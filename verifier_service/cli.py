@@ -211,6 +211,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help="fork each job's processes when the job comes and wait for their exits "
                           "before its verdict (default: the next job's are forked and set up while "
                           "a job runs, and exits come after the verdict)")
+  serve.add_argument("--standby-pairs", type=int, default=1,
+                     help="pairs of job processes each GPU worker keeps forked ahead (2: each "
+                          "has two jobs' time to make its CUDA contexts; experimental: not yet "
+                          "measured on a GPU)")
   serve.add_argument("--standby-setup-at-fork", action="store_true",
                      help="the next job's processes make their CUDA contexts as soon as they are "
                           "forked, not once the running job's timing is over (experimental: "
@@ -469,6 +473,7 @@ def main(argv: list[str] | None = None) -> int:
                      run_budget_slowdown=args.run_budget_slowdown,
                      standby_processes=not args.no_standby,
                      standby_setup_at_fork=args.standby_setup_at_fork,
+                     standby_pairs=args.standby_pairs,
                      warmup_together=args.warmup_together,
                      program_cache_size=args.program_cache_size)
     try:

@@ -217,6 +217,27 @@ def test_the_next_jobs_processes_wait_ready_and_a_finished_jobs_are_gone(cpu_ser
   assert [before[n] == after[n] for n in before].count(True) == len(slots) - 1
 
 
+def test_two_pairs_wait_ahead_and_each_waits_through_one_job(cache_dir, toolchain):
+  """With standby_pairs=2 a worker keeps two pairs forked ahead: the older runs the next job and
+  the younger waits through it (so a pair has two jobs' time to set up), then runs the one after;
+  a new pair is forked per job, and a stopped server leaves none of their folders."""
+  srv = verifier_harness.ServerThread(verifier_harness.make_config(
+      cache_dir, cpu_test_mode=True, slots_per_gpu=1, standby_pairs=2), toolchain)
+  seen = []
+  try:
+    (slot,) = srv.scheduler.pool.slots
+    for _ in range(3):
+      assert verify(srv, "scaled_add").outcome == pb.OK
+      time.sleep(1.0)  # the job's processes: killed at its verdict, reaped when they exit
+      seen.append(set(_children(slot).values()))
+  finally:
+    srv.stop()
+  assert [len(folders) for folders in seen] == [4, 4, 4], seen
+  assert len(seen[0] & seen[1]) == 2 and len(seen[1] & seen[2]) == 2, seen
+  assert not seen[0] & seen[2], seen
+  assert not [d for folders in seen for d in folders if os.path.exists(d)], seen
+
+
 def _standby_times(srv) -> tuple[float, float]:
   """(standby_age, standby_lead) of one job: since its pair was forked, and since it was told to
   set up, when the job came."""

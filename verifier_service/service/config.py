@@ -115,6 +115,12 @@ class ServerConfig:
   # 2.6-2.8 s per job (BENCHMARKS.md, runs 9-12), and a context made while the slot's own judge
   # times may move that timing (other slots' jobs already overlap it).
   standby_setup_at_fork: bool = False
+  # Pairs of processes each worker keeps forked ahead (each set up as above). 2: a pair has two
+  # jobs' time to make its CUDA contexts, not one. Why: on an H100 (2026-12-06, BENCHMARKS.md
+  # runs 17-19) a job still waited 0.47-0.52 s for its pair's set-up at 4 slots (1.68 s at 8),
+  # making a context took 0.96 s with eight made at once, and a job 2.2-2.8 s. Costs two more
+  # CUDA contexts per slot (GPU memory) and two more processes. Off (1) until measured on a GPU.
+  standby_pairs: int = 1
   # True: both sides of a job warm up at once under the GPU's timing lock (the judge the
   # reference while the candidate's process the candidate), not one after the other. Neither is
   # timed then; the lock, which every job's timing queues for, is held for one warm-up instead of
@@ -135,6 +141,8 @@ class ServerConfig:
   def __post_init__(self) -> None:
     if self.policy not in POLICIES:
       raise ValueError(f"policy must be one of {sorted(POLICIES)}, got {self.policy!r}")
+    if self.standby_pairs < 1:
+      raise ValueError(f"standby_pairs must be at least 1, got {self.standby_pairs}")
     if not 0.0 < self.strict_min_fraction <= 1.0:
       raise ValueError(f"strict_min_fraction must be in (0, 1], got {self.strict_min_fraction}")
     self.compiler_options(gpus=False)  # the compile stage's settings are consistent
@@ -171,6 +179,7 @@ class ServerConfig:
             "judge_gpu_memory_fraction": 0.45 / slots, "timing_core": self.timing_core,
             "standby": self.standby_processes,
             "standby_setup": "fork" if self.standby_setup_at_fork else "timed",
+            "standby_pairs": self.standby_pairs,
             "warmup_together": self.warmup_together,
             "blocking_sync": self.cuda_blocking_sync,
             "read_only": [cuda_root] if cuda_root else []}

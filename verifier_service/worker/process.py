@@ -41,7 +41,8 @@ cache.
 
 Ahead of the job (worker/pair.py): while a job runs, the next job's pair is already forked and makes
 its CUDA contexts once the running judge's timing is over (`standby`, on unless the spec says
-otherwise; `standby_setup: "fork"` makes them as soon as the pair is forked), and a finished job's
+otherwise; `standby_setup: "fork"` makes them as soon as the pair is forked; `standby_pairs: N`
+keeps N pairs waiting, so that each has N jobs' time to make its contexts), and a finished job's
 processes exit after its verdict is sent, not before. A job whose sandbox settings differ from the
 slot's (a retry alone on its GPU, with every slot's memory) gets a pair forked for it.
 
@@ -54,6 +55,7 @@ poisoning with candidates whose load_inline has only C++ sources. It proves noth
 from __future__ import annotations
 
 import argparse
+import collections
 import io
 import json
 import os
@@ -149,13 +151,15 @@ def _job(line: bytes) -> tuple[envelope.Job | None, dict[str, Any]]:
 
 
 class _Slot:
-  """The worker's pairs: the one running a job, the standby for the next, the finished ones."""
+  """The worker's pairs: the one running a job, the standbys for the next (`standby_pairs` of
+  them, oldest first), the finished ones."""
 
   def __init__(self, device: str, spec: dict[str, Any], out: TextIO):
     self.device, self.spec, self.out = device, spec, out
     self.standby_on = bool(spec.get("standby", True))
     self.setup_at_fork = spec.get("standby_setup") == "fork"
-    self.standby: pair_lib.Pair | None = None
+    self.ahead = max(1, int(spec.get("standby_pairs", 1)))
+    self.standbys: collections.deque[pair_lib.Pair] = collections.deque()
     self.retiring: list[pair_lib.Pair] = []
 
   def run(self, job: envelope.Job, out: TextIO) -> dict[str, Any]:
@@ -163,8 +167,8 @@ class _Slot:
     if not self.standby_on:  # each job forked for it and reaped before its verdict is sent
       return run_job(job, self.device, spec, out)
     pair, waited, lead = None, 0.0, 0.0
-    if spec is self.spec and self.standby is not None:
-      pair, self.standby = self.standby, None
+    if spec is self.spec and self.standbys:
+      pair = self.standbys.popleft()
       if not pair.alive():  # a standby process died while waiting: not this job's to pay for
         pair.discard()
         pair = None
@@ -180,21 +184,22 @@ class _Slot:
     return done
 
   def prepare_next(self, running: pair_lib.Pair | None) -> None:
-    """Forks the next job's pair while this one runs; it sets up once this one's timing is over,
-    or at once with `standby_setup: "fork"`."""
+    """Forks the next jobs' pairs (up to `standby_pairs` waiting) while this one runs; they set
+    up once this one's timing is over, or at once with `standby_setup: "fork"`."""
     if running is not None:
       self.retiring.append(running)
-    if self.standby_on and self.standby is None:
+    while self.standby_on and len(self.standbys) < self.ahead:
       try:
-        self.standby = pair_lib.Pair.fork(self.device, self.spec)
+        self.standbys.append(pair_lib.Pair.fork(self.device, self.spec))
       except OSError:
-        self.standby = None  # the next job forks its own
-      if self.setup_at_fork:
-        self.set_up_next()
+        break  # the next job forks its own
+    if self.setup_at_fork:
+      self.set_up_next()
 
   def set_up_next(self) -> None:
-    if self.standby is not None:
-      self.standby.setup()
+    """Lets every waiting pair set up (a pair that did already is left as it is)."""
+    for pair in self.standbys:
+      pair.setup()
 
   def collect(self) -> None:
     """Reaps the finished pairs that have exited, each reported as "reaped"."""
@@ -207,8 +212,8 @@ class _Slot:
     self.retiring = still
 
   def close(self) -> None:
-    if self.standby is not None:
-      self.standby.discard()
+    while self.standbys:
+      self.standbys.popleft().discard()
     for pair in self.retiring:
       pair.kill()
       pair.reap(block=True)
