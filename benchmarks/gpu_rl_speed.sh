@@ -54,6 +54,11 @@ export PYTHONUNBUFFERED=1 PYTHONPATH=.
 DEADLINE_S=${DEADLINE_S:-570}
 STAGE_DIR=$OUT
 source benchmarks/stage.sh
+# The device tool brings back at most 8 files of $OUT: every log and JSON is also in one archive,
+# written after each stage, so the builds' records (.builds.jsonl) come back too.
+after_stage() {
+  tar -czf "$OUT/.logs.tgz" -C "$OUT" --exclude logs.tgz --exclude .logs.tgz . && mv "$OUT/.logs.tgz" "$OUT/logs.tgz"
+}
 
 nvidia-smi --query-gpu=name,memory.total --format=csv >"$OUT/gpu.txt" 2>&1
 git log --oneline -1 >"$OUT/commit.txt" 2>&1
