@@ -72,6 +72,81 @@ def test_chunked_comparison_gives_the_whole_tensors_answer(monkeypatch):
   assert whole[6][1] == 46.0  # ints: the largest difference (99 - 53), in the last chunk
 
 
+def _per_condition(ref, cand, atol, rtol):
+  """compare.py's float rules as written before its one-read-back chunks (a condition at a time,
+  finite elements picked out by boolean indexing): the oracle the current code must agree with."""
+  compute = torch.float64 if ref.dtype == torch.float64 else torch.float32
+  tiny = torch.finfo(compute).tiny
+  extra_nan = missing_nan = bad = finite = 0
+  inf_differs = False
+  max_abs = max_rel = 0.0
+  for start in range(0, ref.numel(), compare.CHUNK):
+    r = ref.reshape(-1)[start:start + compare.CHUNK].to(compute)
+    c = cand.reshape(-1)[start:start + compare.CHUNK].to(compute)
+    r_nan, c_nan = torch.isnan(r), torch.isnan(c)
+    if not torch.equal(r_nan, c_nan):
+      extra_nan += int((c_nan & ~r_nan).sum())
+      missing_nan += int((r_nan & ~c_nan).sum())
+      continue
+    r_inf, c_inf = torch.isinf(r), torch.isinf(c)
+    if not torch.equal(r_inf, c_inf) or not torch.equal(r[r_inf], c[c_inf]):
+      inf_differs = True
+      continue
+    keep = ~(r_nan | r_inf)
+    r, c = r[keep], c[keep]
+    if not r.numel():
+      continue
+    abs_diff = (c - r).abs()
+    max_abs = max(max_abs, float(abs_diff.max()))
+    max_rel = max(max_rel, float((abs_diff / r.abs().clamp_min(tiny)).max()))
+    bad += int((abs_diff > atol + rtol * r.abs()).sum())
+    finite += r.numel()
+  if extra_nan or missing_nan:
+    return ("nan", extra_nan, missing_nan)
+  if inf_differs:
+    return ("inf",)
+  return ("values", bad, finite, max_abs, max_rel)
+
+
+def _summary(ref, cand, atol, rtol):
+  """The current rules' answer in _per_condition's terms."""
+  ok, max_abs, max_rel, message, _ = compare.compare(ref, cand, atol, rtol)
+  if "NaN" in message:
+    counts = [int(n) for n in message.split() if n.isdigit()]
+    return ("nan",) + ((counts[-1], 0) if "positions" in message else (0, None))
+  if "Inf" in message:
+    return ("inf",)
+  bad, finite = (0, None) if ok else [int(n) for n in message.split() if n.isdigit()][-2:]
+  return ("values", bad, finite, max_abs, max_rel)
+
+
+@pytest.mark.parametrize("chunk", [7, 64, 1 << 24])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+def test_one_read_back_per_chunk_agrees_with_the_rules_a_condition_at_a_time(
+    monkeypatch, dtype, chunk):
+  """Random outputs near the reference, with NaN and Inf (both signs) put in either or both at
+  random places: the verdict, counts and largest errors agree with _per_condition's exactly."""
+  monkeypatch.setattr(compare, "CHUNK", chunk)
+  gen = torch.Generator().manual_seed(chunk)
+  for case in range(40):
+    ref = torch.randn(200, generator=gen).to(dtype)
+    cand = (ref.double() + 1e-3 * torch.randn(200, generator=gen, dtype=torch.float64)).to(dtype)
+    for tensor, share in ((ref, 0.02 * (case % 3)), (cand, 0.02 * (case % 4))):
+      for value in (float("nan"), math.inf, -math.inf):
+        tensor[torch.rand(200, generator=gen) < share / 3] = value
+    if case % 5 == 0:  # the same non-finite values on both sides
+      cand[~torch.isfinite(ref)] = ref[~torch.isfinite(ref)]
+      cand[~torch.isfinite(cand) & torch.isfinite(ref)] = ref[~torch.isfinite(cand) & torch.isfinite(ref)]
+    atol = rtol = (1e-4, 1e-3, 1e-2)[case % 3]
+    expected, got = _per_condition(ref, cand, atol, rtol), _summary(ref, cand, atol, rtol)
+    if expected[0] == "nan":
+      assert got[0] == "nan" and (got[1] == expected[1] if expected[1] else True), (expected, got)
+      continue
+    if expected[0] == "values" and not expected[1]:
+      expected = expected[:2] + (None,) + expected[3:]  # an OK verdict names no counts
+    assert got == expected, (case, expected, got)
+
+
 def test_structure_shape_dtype_and_subclass():
   a = torch.ones(2, 3)
   assert "has 1 leaves, the reference has 2" in _cmp((a, a), a)[3]

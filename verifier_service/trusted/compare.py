@@ -43,31 +43,15 @@ def _compare_tensor(index: int, ref: torch.Tensor, cand: Any, atol: float,
       return True, 0.0, 0.0, "", []
     diff = max(float((c.double() - r.double()).abs().max()) for r, c in _chunks(ref, cand))
     return False, diff, diff, f"{where} differs (max abs {diff:g})", []
-  compute = torch.float64 if ref.dtype == torch.float64 else torch.float32
-  tiny = torch.finfo(compute).tiny
   extra_nan = missing_nan = bad = finite = 0
   inf_differs = False
   max_abs = max_rel = 0.0
   for r, c in _chunks(ref, cand):
-    r, c = r.to(compute), c.to(compute)
-    r_nan, c_nan = torch.isnan(r), torch.isnan(c)
-    if not torch.equal(r_nan, c_nan):
-      extra_nan += int((c_nan & ~r_nan).sum())
-      missing_nan += int((r_nan & ~c_nan).sum())
-      continue
-    r_inf, c_inf = torch.isinf(r), torch.isinf(c)
-    if not torch.equal(r_inf, c_inf) or not torch.equal(r[r_inf], c[c_inf]):
-      inf_differs = True
-      continue
-    keep = ~(r_nan | r_inf)
-    r, c = r[keep], c[keep]
-    if not r.numel():
-      continue
-    abs_diff = (c - r).abs()
-    max_abs = max(max_abs, float(abs_diff.max()))
-    max_rel = max(max_rel, float((abs_diff / r.abs().clamp_min(tiny)).max()))
-    bad += int((abs_diff > atol + rtol * r.abs()).sum())
-    finite += r.numel()
+    chunk = _float_chunk(r, c, atol, rtol).tolist()  # the chunk's one wait for the device
+    extra_nan, missing_nan = extra_nan + int(chunk[0]), missing_nan + int(chunk[1])
+    inf_differs = inf_differs or bool(chunk[2])
+    max_abs, max_rel = max(max_abs, chunk[3]), max(max_rel, chunk[4])
+    bad, finite = bad + int(chunk[5]), finite + int(chunk[6])
   if extra_nan or missing_nan:
     return False, math.inf, math.inf, (
         f"NaN in {where} at {extra_nan} positions where the reference is finite" if extra_nan else
@@ -79,6 +63,37 @@ def _compare_tensor(index: int, ref: torch.Tensor, cand: Any, atol: float,
         f"{where}: {bad} of {finite} elements exceed atol={atol:g} rtol={rtol:g} "
         f"(max abs {max_abs:.3g}, max rel {max_rel:.3g})"), []
   return True, max_abs, max_rel, "", []
+
+
+def _float_chunk(r: torch.Tensor, c: torch.Tensor, atol: float, rtol: float) -> torch.Tensor:
+  """One chunk of a floating-point output, as float64 [NaN where the reference has none, NaN
+  missing where it has one, whether infinities differ (position or sign), max |c - r|, max
+  |c - r| / |r|, elements over atol + rtol * |r|, elements compared], over the positions where
+  the reference is finite (where both are, once NaN and Inf agree; the caller reports NaN, then
+  Inf, before any value). Computed where the chunk lives and read back at once.
+
+  Decision: one read-back per chunk, no boolean indexing. The judge's comparison was 0.26 of its
+  1.04 CPU-s a job on an H100 (py-spy, BENCHMARKS.md runs 17-19): each of its seven or more
+  `float()`/`int()`/`torch.equal` and masked copies waited for the GPU, which a CUDA process does
+  spinning a core. The figures are the same as the per-condition version's (elementwise the same
+  operations; tests/verifier/test_verifier_correctness.py checks against it)."""
+  compute = torch.float64 if r.dtype == torch.float64 else torch.float32
+  r, c = r.to(compute), c.to(compute)
+  r_nan, c_nan = torch.isnan(r), torch.isnan(c)
+  r_inf, c_inf = torch.isinf(r), torch.isinf(c)
+  inf_differs = ((r_inf != c_inf) | (r_inf & (r != c))).any()
+  keep = ~(r_nan | r_inf)
+  skip = ~keep
+  abs_diff = (c - r).abs_().masked_fill_(skip, 0.0)
+  abs_r = r.abs()
+  bad = (abs_diff > abs_r.mul(rtol).add_(atol)) & keep  # atol + rtol * |r|, as allclose
+  rel = abs_diff / abs_r.clamp_min_(torch.finfo(compute).tiny)
+  rel.masked_fill_(skip, 0.0)
+  zero = torch.zeros((), dtype=compute, device=r.device)
+  return torch.stack([(c_nan & ~r_nan).sum().double(), (r_nan & ~c_nan).sum().double(),
+                      inf_differs.double(), (abs_diff.max() if abs_diff.numel() else zero).double(),
+                      (rel.max() if rel.numel() else zero).double(), bad.sum().double(),
+                      keep.sum().double()])
 
 
 def _chunks(ref: torch.Tensor, cand: torch.Tensor) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
