@@ -9,8 +9,8 @@ seconds sampled (samples / rate) and, per job, the functions with the most inclu
 sample counts once for every distinct function on its stack, so a caller holds its callees;
 functions on every sample of the role, the process's entry, are left out) and those with the
 most self time (the sample's innermost frame). Without py-spy's --native only Python frames are
-seen: time in the CUDA driver or torch's C++ shows as the Python call that entered it. Idle threads are not sampled (py-spy's default), so these are CPU seconds,
-not wall seconds.
+seen: time in the CUDA driver or torch's C++ shows as the Python call that entered it. Idle
+threads are not sampled (py-spy's default), so these are CPU seconds, not wall seconds.
 
   python benchmarks/profile_jobs.py SPY.txt --rate 100 --jobs 40 [--top 25]
 """

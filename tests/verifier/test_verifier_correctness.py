@@ -136,7 +136,8 @@ def test_one_read_back_per_chunk_agrees_with_the_rules_a_condition_at_a_time(
         tensor[torch.rand(200, generator=gen) < share / 3] = value
     if case % 5 == 0:  # the same non-finite values on both sides
       cand[~torch.isfinite(ref)] = ref[~torch.isfinite(ref)]
-      cand[~torch.isfinite(cand) & torch.isfinite(ref)] = ref[~torch.isfinite(cand) & torch.isfinite(ref)]
+      stray = ~torch.isfinite(cand) & torch.isfinite(ref)
+      cand[stray] = ref[stray]
     atol = rtol = (1e-4, 1e-3, 1e-2)[case % 3]
     expected, got = _per_condition(ref, cand, atol, rtol), _summary(ref, cand, atol, rtol)
     if expected[0] == "nan":

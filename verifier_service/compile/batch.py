@@ -21,9 +21,10 @@ Each member keeps the meaning it has alone, and cannot reach another member's pr
   the headers also use at global scope (inside a namespace it would hide the global overloads it
   joins alone), unless the compiler says the headers declare no such global (`using ::name;`
   fails in both front ends: the name was a parameter's, a struct member's, a literal's suffix;
-  asked once per include block and name, in the background, after the first refusal). Header macros that expand to __FILE__ (TORCH_CHECK's message) still name the
-  member's file in a batch: a member that reads such a message can tell it is batched, and what
-  it then does is what its verdict checks (the batched module is the one that runs).
+  asked once per include block and name, in the background, after the first refusal). Header
+  macros that expand to __FILE__ (TORCH_CHECK's message) still name the member's file in a batch:
+  a member that reads such a message can tell it is batched, and what it then does is what its
+  verdict checks (the batched module is the one that runs).
 - The batch object runs no member code when loaded: its initialisation and finalisation entries
   and the translation unit's initialiser must match, instruction for instruction and symbol for
   symbol, those of an object of the include block alone (compiled once per group), and it has no
