@@ -120,12 +120,14 @@ def _summary(ref, cand, atol, rtol):
   return ("values", bad, finite, max_abs, max_rel)
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 @pytest.mark.parametrize("chunk", [7, 64, 1 << 24])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
 def test_one_read_back_per_chunk_agrees_with_the_rules_a_condition_at_a_time(
-    monkeypatch, dtype, chunk):
+    monkeypatch, dtype, chunk, device):
   """Random outputs near the reference, with NaN and Inf (both signs) put in either or both at
-  random places: the verdict, counts and largest errors agree with _per_condition's exactly."""
+  random places: the verdict, counts and largest errors agree with _per_condition's exactly, on
+  the CPU and (device machine) on CUDA tensors, as the judge compares them."""
   monkeypatch.setattr(compare, "CHUNK", chunk)
   gen = torch.Generator().manual_seed(chunk)
   for case in range(40):
@@ -139,6 +141,7 @@ def test_one_read_back_per_chunk_agrees_with_the_rules_a_condition_at_a_time(
       stray = ~torch.isfinite(cand) & torch.isfinite(ref)
       cand[stray] = ref[stray]
     atol = rtol = (1e-4, 1e-3, 1e-2)[case % 3]
+    ref, cand = ref.to(device), cand.to(device)
     expected, got = _per_condition(ref, cand, atol, rtol), _summary(ref, cand, atol, rtol)
     if expected[0] == "nan":
       assert got[0] == "nan" and (got[1] == expected[1] if expected[1] else True), (expected, got)

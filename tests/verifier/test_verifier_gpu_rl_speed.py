@@ -96,6 +96,36 @@ def test_verdicts_with_pairs_set_up_ahead_are_those_of_pairs_forked_per_job(gpu,
   assert all(new == before for new, before in outcomes.values()), outcomes
 
 
+def test_two_pairs_ahead_and_blocking_sync_give_the_same_verdicts(gpu, cache_dir, toolchain):
+  """The experimental switches (standby_pairs=2, cuda_blocking_sync): each worker's two waiting
+  pairs hold their CUDA contexts between jobs, and every candidate of the pairs test ends as on
+  the default server."""
+  candidates = {"good": kernels.cuda_candidate(), "decoy": wrong.RUNTIME_DECOY,
+                "illegal": wrong.ILLEGAL_ADDRESS, **{n: c for n, (_, c) in wrong.WRONG.items()}}
+  references = {n: r for n, (r, _) in wrong.WRONG.items()}
+  switched = verifier_harness.ServerThread(verifier_harness.make_config(
+      cache_dir, slots_per_gpu=2, standby_pairs=2, cuda_blocking_sync=True, timing_trials=20),
+      toolchain, grpc_server=False)
+  try:
+    outcomes = {}
+    for name, candidate in candidates.items():
+      request = pb.VerifyRequest(request_id=f"switched-{name}", candidate_source=candidate,
+                                 reference_source=references.get(name, kernels.REFERENCE),
+                                 options=pb.VerifyOptions(num_timing_trials=20))
+      outcomes[name] = (pb.Outcome.Name(switched.verify(request).outcome),
+                        pb.Outcome.Name(gpu.verify(request).outcome))
+    time.sleep(3.0)
+    waiting = [c.pid for slot in switched.scheduler.pool.slots
+               for c in psutil.Process(slot.info["pid"]).children()
+               if c.status() != psutil.STATUS_ZOMBIE]
+    pids = _compute_pids()
+  finally:
+    switched.stop()
+  assert all(new == default for new, default in outcomes.values()), outcomes
+  assert len(waiting) == 4 * len(switched.scheduler.pool.slots), waiting
+  assert not pids or set(waiting) <= pids, (waiting, pids)  # empty: no PID access to the driver
+
+
 def test_the_rl_burst_mix_ends_as_each_kind_should(tmp_path):
   """verifier_rl_burst.py at small size on the GPU: every correct sample is OK, every wrong one
   INCORRECT, every non-compiling one COMPILE_ERROR, every trap a RUNTIME_ERROR, every spin a
