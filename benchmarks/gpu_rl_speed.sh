@@ -4,7 +4,7 @@
 # folder; /tmp/gpu_rl_speed elsewhere) with every JSON; a summary is printed last.
 #
 #   bash benchmarks/gpu_rl_speed.sh DICE_JSON           # ~9 min: install; the run stage's new GPU
-#       tests (tests/verifier/test_verifier_gpu_rl_speed.py); verifier_rl_burst.py (16 problems x
+#       tests (tests/verifier/test_verifier_gpu_rl_speed.py, the comparison on CUDA tensors); verifier_rl_burst.py (16 problems x
 #       8 samples a step, phase 1, cold cache, no step started after 90 s of steps: 2-3 steps);
 #       verifier_throughput.py --candidates 70 (cold cache, 4 one at a time, no naive path)
 #   bash benchmarks/gpu_rl_speed.sh DICE_JSON suites    # ~9 min: the GPU hostile suite
@@ -86,7 +86,7 @@ case "$PART" in
   main)
     if [ "${TESTS_S:-150}" != 0 ]; then
       stage tests "${TESTS_S:-150}" python3 -m pytest -q -m gpu -p no:cacheprovider -rs \
-        tests/verifier/test_verifier_gpu_rl_speed.py
+        tests/verifier/test_verifier_gpu_rl_speed.py tests/verifier/test_verifier_correctness.py
     fi
     # shellcheck disable=SC2086  # BURST_ARGS is a list of flags
     stage rl_burst "${BURST_S:-210}" python3 benchmarks/verifier_rl_burst.py --data "$DATA" \
