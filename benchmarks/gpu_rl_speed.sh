@@ -5,7 +5,8 @@
 #
 #   bash benchmarks/gpu_rl_speed.sh DICE_JSON           # ~9 min: install; the run stage's new GPU
 #       tests (tests/verifier/test_verifier_gpu_rl_speed.py, the comparison on CUDA tensors);
-#       verifier_rl_burst.py (16 problems x 8 samples a step, phase 1, cold cache, no step started after 90 s of steps: 2-3 steps);
+#       verifier_rl_burst.py (16 problems x 8 samples a step, phase 1, cold cache, no step
+#       started after 90 s of steps: 2-3 steps);
 #       verifier_throughput.py --candidates 70 (cold cache, 4 one at a time, no naive path)
 #   bash benchmarks/gpu_rl_speed.sh DICE_JSON suites    # ~9 min: the GPU hostile suite
 #       (tests/adversarial/test_adversarial_gpu.py, 100-108 s on 2026-12-04),
