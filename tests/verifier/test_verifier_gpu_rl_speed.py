@@ -75,22 +75,29 @@ def test_the_next_jobs_processes_hold_cuda_contexts_before_the_job(gpu):
   assert set(waiting) <= pids, (waiting, pids)
 
 
-def test_verdicts_with_pairs_set_up_ahead_are_those_of_pairs_forked_per_job(gpu, cache_dir,
-                                                                            toolchain):
+def _outcomes_on_both(first, second, tag: str) -> dict[str, tuple[str, str]]:
+  """Each candidate of the pairs tests (a good one, a runtime decoy, an illegal address, the
+  wrong kernels) verified on two servers: name -> (first's outcome, second's)."""
   candidates = {"good": kernels.cuda_candidate(), "decoy": wrong.RUNTIME_DECOY,
                 "illegal": wrong.ILLEGAL_ADDRESS, **{n: c for n, (_, c) in wrong.WRONG.items()}}
   references = {n: r for n, (r, _) in wrong.WRONG.items()}
+  outcomes = {}
+  for name, candidate in candidates.items():
+    request = pb.VerifyRequest(request_id=f"{tag}-{name}", candidate_source=candidate,
+                               reference_source=references.get(name, kernels.REFERENCE),
+                               options=pb.VerifyOptions(num_timing_trials=20))
+    outcomes[name] = (pb.Outcome.Name(first.verify(request).outcome),
+                      pb.Outcome.Name(second.verify(request).outcome))
+  return outcomes
+
+
+def test_verdicts_with_pairs_set_up_ahead_are_those_of_pairs_forked_per_job(gpu, cache_dir,
+                                                                            toolchain):
   old = verifier_harness.ServerThread(verifier_harness.make_config(
       cache_dir, slots_per_gpu=2, standby_processes=False, timing_trials=20), toolchain,
       grpc_server=False)
   try:
-    outcomes = {}
-    for name, candidate in candidates.items():
-      request = pb.VerifyRequest(request_id=f"pair-{name}", candidate_source=candidate,
-                                 reference_source=references.get(name, kernels.REFERENCE),
-                                 options=pb.VerifyOptions(num_timing_trials=20))
-      outcomes[name] = (pb.Outcome.Name(gpu.verify(request).outcome),
-                        pb.Outcome.Name(old.verify(request).outcome))
+    outcomes = _outcomes_on_both(gpu, old, "pair")
   finally:
     old.stop()
   assert all(new == before for new, before in outcomes.values()), outcomes
@@ -100,20 +107,11 @@ def test_two_pairs_ahead_and_blocking_sync_give_the_same_verdicts(gpu, cache_dir
   """The experimental switches (standby_pairs=2, cuda_blocking_sync): each worker's two waiting
   pairs hold their CUDA contexts between jobs, and every candidate of the pairs test ends as on
   the default server."""
-  candidates = {"good": kernels.cuda_candidate(), "decoy": wrong.RUNTIME_DECOY,
-                "illegal": wrong.ILLEGAL_ADDRESS, **{n: c for n, (_, c) in wrong.WRONG.items()}}
-  references = {n: r for n, (r, _) in wrong.WRONG.items()}
   switched = verifier_harness.ServerThread(verifier_harness.make_config(
       cache_dir, slots_per_gpu=2, standby_pairs=2, cuda_blocking_sync=True, timing_trials=20),
       toolchain, grpc_server=False)
   try:
-    outcomes = {}
-    for name, candidate in candidates.items():
-      request = pb.VerifyRequest(request_id=f"switched-{name}", candidate_source=candidate,
-                                 reference_source=references.get(name, kernels.REFERENCE),
-                                 options=pb.VerifyOptions(num_timing_trials=20))
-      outcomes[name] = (pb.Outcome.Name(switched.verify(request).outcome),
-                        pb.Outcome.Name(gpu.verify(request).outcome))
+    outcomes = _outcomes_on_both(switched, gpu, "switched")
     time.sleep(3.0)
     waiting = [c.pid for slot in switched.scheduler.pool.slots
                for c in psutil.Process(slot.info["pid"]).children()
