@@ -4,7 +4,8 @@
 # folder; /tmp/gpu_rl_speed elsewhere) with every JSON; a summary is printed last.
 #
 #   bash benchmarks/gpu_rl_speed.sh DICE_JSON           # ~9 min: install; the run stage's new GPU
-#       tests (tests/verifier/test_verifier_gpu_rl_speed.py, the comparison on CUDA tensors);
+#       tests (tests/verifier/test_verifier_gpu_rl_speed.py, the comparison on CUDA tensors: 208 s
+#       on an H100 on 2026-12-06, so the throughput stage gets what the deadline leaves);
 #       verifier_rl_burst.py (16 problems x 8 samples a step, phase 1, cold cache, no step
 #       started after 90 s of steps: 2-3 steps);
 #       verifier_throughput.py --candidates 70 (cold cache, 4 one at a time, no naive path)
@@ -22,6 +23,9 @@
 #       and the stage limit killed it before it wrote anything) records verifier_run_stage.py's
 #       40 jobs at 4 slots; benchmarks/profile_jobs.py prints each role's CPU per job and its
 #       costliest functions
+#   bash benchmarks/gpu_rl_speed.sh DICE_JSON churn     # ~3 min: gpu_setup_cost.py's set-up steps (1
+#       and 8 at once) and --churn (CUDA contexts made and torn down a second, 1-16 at once; then
+#       4 and 8 at once with 0.5 s of GPU work each): what bounds the run stage at ~1.9 jobs/s
 #   bash benchmarks/gpu_rl_speed.sh DICE_JSON memory    # ~6 min: the DICE 3497 test (4 GiB
 #       outputs, two seeds: 312 s on the H200 on 2026-12-04, each retried alone; 303 s on an H100
 #       on 2026-12-05, checked per batch, OK at once)
@@ -85,8 +89,8 @@ run_stage_summary() {  # the variants' names (default: run_stage_variants's)
 
 case "$PART" in
   main)
-    if [ "${TESTS_S:-150}" != 0 ]; then
-      stage tests "${TESTS_S:-150}" python3 -m pytest -q -m gpu -p no:cacheprovider -rs \
+    if [ "${TESTS_S:-240}" != 0 ]; then
+      stage tests "${TESTS_S:-240}" python3 -m pytest -q -m gpu -p no:cacheprovider -rs \
         tests/verifier/test_verifier_gpu_rl_speed.py tests/verifier/test_verifier_correctness.py
     fi
     # shellcheck disable=SC2086  # BURST_ARGS is a list of flags
@@ -162,6 +166,16 @@ case "$PART" in
     tail -3 "$OUT/profile.log"
     head -c 7000 "$OUT/profile.txt"
     ;;
+  churn)  # how many CUDA contexts the GPU makes and tears down a second, by how many at once
+    stage churn "${CHURN_S:-240}" python3 benchmarks/gpu_setup_cost.py --processes 1 8 --rounds 2 \
+      --churn 1 2 4 8 16 --churn-s 15
+    stage churn_work "${CHURN_S:-240}" python3 benchmarks/gpu_setup_cost.py --processes \
+      --churn 4 8 --churn-s 15 --churn-work-s 0.5
+    echo
+    echo "================ issue 26 churn on $(tail -1 "$OUT/gpu.txt") at $(cat "$OUT/commit.txt") ================"
+    cat "$OUT/stages.txt"
+    cat "$OUT/churn.log" "$OUT/churn_work.log"
+    ;;
   memory)
     export DICE_INFILLING_JSON="$DATA"
     stage memory "${MEMORY_S:-420}" python3 -m pytest -q -s -m gpu -p no:cacheprovider -rs \
@@ -187,5 +201,5 @@ case "$PART" in
     run_stage_summary
     [ -f "$OUT/split.log" ] && { echo "--- verifier_split_compile.py"; tail -12 "$OUT/split.log"; }
     ;;
-  *) echo "unknown part $PART (main, suites, levers, memory or timing)"; exit 2 ;;
+  *) echo "unknown part $PART (main, suites, levers, profile, churn, memory or timing)"; exit 2 ;;
 esac

@@ -21,7 +21,17 @@ and prints each step's median and p90 over every child of every round, per concu
 `--blocking-sync` first sets the context's blocking-synchronisation flag as a job process does
 with ServerConfig.cuda_blocking_sync (run/timing.block_on_sync), and says whether it took.
 
+`--churn K ...` asks how many CUDA contexts one GPU makes and tears down a second: for `--churn-s`
+seconds it keeps K children alive, each forked as above, making its context (first tensor), doing
+`--churn-work-s` of GPU work, and exiting; a child that ends is reaped and replaced at once. Per
+K it prints children a second, and the medians of a child's life (fork to reaped), its context
+and its exit (its last line to reaped). A job forks two such processes (worker/pair.py), and the
+run stage gave ~1.9 jobs/s at 4 slots and at 8 on an H100 (2026-12-06, runs 18 and 20-23)
+whatever each variant took off a slot's job: if children a second stop growing with K near
+twice that, making and tearing down contexts is what bounds the run stage.
+
   python benchmarks/gpu_setup_cost.py --processes 1 8 --rounds 3 [--blocking-sync]
+  python benchmarks/gpu_setup_cost.py --processes --churn 1 2 4 8 --churn-s 15
 """
 
 from __future__ import annotations
@@ -99,11 +109,66 @@ def round_of(processes: int, blocking: bool) -> list[dict]:
   return results
 
 
+def _churn_child(write_fd: int, work_s: float) -> None:
+  import torch  # pylint: disable=import-outside-toplevel
+  mark = time.monotonic()
+  torch.zeros(1, device="cuda")
+  context_s = time.monotonic() - mark
+  if work_s > 0:
+    clock_hz = torch.cuda.get_device_properties(0).clock_rate * 1000  # kHz
+    torch.cuda._sleep(int(work_s * clock_hz))  # pylint: disable=protected-access
+  torch.cuda.synchronize()
+  os.write(write_fd, json.dumps({"context_s": context_s, "done_at": time.monotonic()}).encode())
+
+
+def churn(concurrency: int, seconds: float, work_s: float) -> dict[str, float]:
+  """K children alive at a time for `seconds`, each forked, making its context and exiting; what
+  they took (wall s) and how many ended a second."""
+  live: dict[int, tuple[float, int]] = {}  # pid: (forked at, read end)
+  lives, contexts, exits, failed = [], [], [], 0
+  start = time.monotonic()
+  while live or time.monotonic() - start < seconds:
+    while len(live) < concurrency and time.monotonic() - start < seconds:
+      read_fd, write_fd = os.pipe()
+      forked_at = time.monotonic()
+      pid = os.fork()
+      if pid == 0:
+        code = 0
+        try:
+          os.close(read_fd)
+          _churn_child(write_fd, work_s)
+        except BaseException:  # pylint: disable=broad-except
+          code = 1
+        os._exit(code)  # pylint: disable=protected-access
+      os.close(write_fd)
+      live[pid] = (forked_at, read_fd)
+    pid, wait_status = os.wait()
+    reaped_at = time.monotonic()
+    forked_at, read_fd = live.pop(pid)
+    with os.fdopen(read_fd, "rb") as f:
+      data = f.read()
+    if wait_status != 0 or not data:
+      failed += 1
+      continue
+    report = json.loads(data)
+    lives.append(reaped_at - forked_at)
+    contexts.append(report["context_s"])
+    exits.append(reaped_at - report["done_at"])
+  wall = time.monotonic() - start
+  med = lambda xs: statistics.median(xs) if xs else float("nan")
+  return {"children": len(lives), "failed": failed, "per_s": len(lives) / wall,
+          "life_s": med(lives), "context_s": med(contexts), "exit_s": med(exits)}
+
+
 def main(argv: list[str] | None = None) -> None:
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  parser.add_argument("--processes", type=int, nargs="+", default=[1, 8])
+  parser.add_argument("--processes", type=int, nargs="*", default=[1, 8])
   parser.add_argument("--rounds", type=int, default=3)
   parser.add_argument("--blocking-sync", action="store_true")
+  parser.add_argument("--churn", type=int, nargs="*", default=[],
+                      help="children alive at once, one line per figure (see above)")
+  parser.add_argument("--churn-s", type=float, default=15.0)
+  parser.add_argument("--churn-work-s", type=float, default=0.0)
   args = parser.parse_args(argv)
   import torch  # pylint: disable=import-outside-toplevel
   from verifier_service.untrusted import child  # pylint: disable=import-outside-toplevel
@@ -126,6 +191,17 @@ def main(argv: list[str] | None = None) -> None:
       p90 = wall[min(len(wall) - 1, int(0.9 * len(wall)))]
       print(f"  {name:22s} {statistics.median(wall):7.3f} / {p90:7.3f}   "
             f"{statistics.median(cpu):7.3f}")
+  base = None
+  for concurrency in args.churn:
+    row = churn(concurrency, args.churn_s, args.churn_work_s)
+    if not row["children"]:
+      print(f"churn {concurrency} alive: no child made a context ({row['failed']} failed; "
+            "no GPU here?)")
+      continue
+    base = base or row["per_s"]
+    print(f"churn {concurrency} alive: {row['children']} children ({row['failed']} failed) "
+          f"= {row['per_s']:.2f}/s ({row['per_s'] / base:.2f}x 1st); medians: life "
+          f"{row['life_s']:.3f} s, context {row['context_s']:.3f} s, exit {row['exit_s']:.3f} s")
 
 
 if __name__ == "__main__":
