@@ -87,7 +87,7 @@ class ModelNew(nn.Module):
 '''
 _CPU_ROLES = ("judge", "candidate")  # dice_verifier_job_cpu_seconds's parts (Pair.cpu_report)
 _PARTS = ("slot", "total", "fork", "judge_start", "judge_setup_left", "judge_run", "exit",
-          "cleanup", "standby_wait", "lock_down", "load_reference", "load_candidate", "correctness", "probes", "timing_lock_wait",
+          "candidate_after_finish", "report_read_lag", "cleanup", "standby_wait", "lock_down", "load_reference", "load_candidate", "correctness", "probes", "timing_lock_wait",
           "timing_setup", "timing_warmup", "timing_calls", "timing_keep", "timing_verify_batch",
           "timing_verify", "profile")
 

@@ -40,7 +40,8 @@ def _worker_seconds(srv) -> dict[str, tuple[float, float]]:
   """(sum, count) per part of the dice_verifier_worker_seconds histogram."""
   registry = srv.scheduler.metrics.registry
   parts = ("slot", "total", "fork", "stage_modules", "standby", "standby_age", "standby_lead",
-           "judge_start", "judge_run", "exit", "merge", "cleanup")
+           "judge_start", "judge_run", "exit", "candidate_after_finish", "report_read_lag", "merge",
+           "cleanup")
   return {p: (registry.get_sample_value("dice_verifier_worker_seconds_sum", {"part": p}) or 0.0,
               registry.get_sample_value("dice_verifier_worker_seconds_count", {"part": p}) or 0.0)
           for p in parts}
@@ -57,6 +58,10 @@ def test_correct_candidate_passes_every_trial_and_is_timed(cpu_server):
   assert 0 < seconds["judge_run"] < seconds["total"] <= seconds["slot"]
   assert seconds["fork"] + seconds["stage_modules"] + seconds["judge_start"] + seconds[
       "judge_run"] + seconds["exit"] <= seconds["total"]
+  # The candidate's work after the judge's `finish`, and the worker's lag reading the reports,
+  # are inside the job (both processes reported).
+  assert 0 < seconds["candidate_after_finish"] < seconds["total"]
+  assert 0 <= seconds["report_read_lag"] <= seconds["total"]
   # Its pair of processes was forked before the job came (worker/pair.py): no fork in the job.
   assert seconds["fork"] < 0.05 and seconds["standby_age"] > 0
   # The judge's parts of its run (trusted/judge.Judge.part), inside its run.

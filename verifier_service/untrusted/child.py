@@ -459,7 +459,8 @@ def serve(side: CandidateSide) -> bool:
       continue
     reply, buffers = answer if isinstance(answer, tuple) else (answer, [])
     side.chan.send(dict(reply, op=op), buffers)
-    if op == "finish":
+    if op == "finish":  # when the judge had its answer (the worker's `candidate_after_finish`)
+      side.emit({"phase": "CANDIDATE_FINISHED", "at": time.monotonic()})
       return True
 
 

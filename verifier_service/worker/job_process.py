@@ -7,7 +7,7 @@ trusted/judge.setup, untrusted/child.trusted_setup), `g` starts the job the work
 its folder as `job.json` (a run/envelope.Envelope, read and removed before anything untrusted
 runs); end of file ends a process whose pair was never used. Then the sandbox (`lock_down`, when
 the role's code asks for it), the role's run, and one nonce-stamped result line on its report
-pipe (its JudgeReport or CandidateReport).
+pipe (its JudgeReport or CandidateReport), with when it was written (`at`, for the worker's timings).
 """
 
 from __future__ import annotations
@@ -123,7 +123,8 @@ def main(role: str, device: str, spec: dict[str, Any], job_dir: str, nonce: str,
     else:
       from verifier_service.untrusted import child  # pylint: disable=import-outside-toplevel
       result = child.run(job, chan, emit, lock_down, setup)
-    write_line(report_fd, {"type": "result", "nonce": nonce, "result": result.to_json()})
+    write_line(report_fd, {"type": "result", "nonce": nonce, "result": result.to_json(),
+                           "at": time.monotonic()})
     code = 0
   except BaseException:  # pylint: disable=broad-except
     traceback.print_exc()

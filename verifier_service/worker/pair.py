@@ -10,7 +10,9 @@ contexts made (about 0.3 s each on an H200) without a context being created whil
 A pair forked for its job at once (`start` sends `s` and `g` together) runs exactly as before.
 
 A job is over for the slot when both processes have reported (`serve`): their exits (a CUDA
-context's teardown, ~0.27 s on an H200) are then off the critical path. The worker kills both
+context's teardown, ~0.27 s on an H200) are then off the critical path. (Until 2026-12-06 they
+were not: the candidate's seccomp listener hangs up as its process exits and stays readable, and
+`serve` answered it in a loop until the process was reaped; now a hung-up listener is let go.) The worker kills both
 process groups and reaps them later (`retire`, `reap`), so nothing of the finished job runs beside
 the next one but the kernel's teardown. A process that has not reported is waited for, and killed
 after a grace once the other is done, as before: its exit status decides its verdict.
@@ -21,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import math
 import os
 import secrets
 import select
@@ -66,6 +69,11 @@ def tail(path: str) -> str:
     return ""
 
 
+def _clock(value: Any) -> float:
+  """A time.monotonic() reading a child sent, or 0.0 where it is none."""
+  return value if isinstance(value, float) and math.isfinite(value) else 0.0
+
+
 class Process:
   """The worker's side of one child: its pipes, its seccomp listener, its report, its exit."""
 
@@ -89,6 +97,10 @@ class Process:
     # `job_read_at` and `at`, the same clock): the worker reads that line only once it serves the
     # pair, after forking the next one (process.run_job).
     self.job_read_at = self.began_at = 0.0
+    # When it wrote its result line and, for the candidate's, when it answered the judge's
+    # `finish` (its own clock): timings only, never a verdict's input (the candidate's process
+    # runs candidate code, which may write anything on that pipe).
+    self.written_at = self.finished_at = 0.0
     self._buffer = b""
 
   def line(self, line: bytes, out: TextIO, job_id: str) -> None:
@@ -106,6 +118,8 @@ class Process:
         self.job_read_at = min(read, self.began_at) if isinstance(read, float) else 0.0
       if message["phase"] == "CANDIDATE_LOADING" and self.role == CANDIDATE:
         self.loading = True
+      elif message["phase"] == "CANDIDATE_FINISHED" and self.role == CANDIDATE:
+        self.finished_at = self.finished_at or _clock(at)
       elif message["phase"] == job_lib.PHASE_TIMED and self.role == JUDGE:
         self.timed = True
       elif self.role == JUDGE and message["phase"].startswith("STAGE_"):
@@ -128,6 +142,7 @@ class Process:
         except ValueError as e:  # counted as no report; the verdict says why
           self.refused = str(e)[:500]
         self.result_at = time.monotonic()
+        self.written_at = _clock(message.get("at"))
 
   def read(self, out: TextIO, job_id: str) -> None:
     data = os.read(self.report_fd, 1 << 16)
@@ -306,7 +321,7 @@ class Pair:
             poller.unregister(process.report_fd)
         deadline = time.monotonic() + _EXIT_GRACE_S
         continue
-      for fd, _ in events:
+      for fd, revents in events:
         process, what = owner[fd]
         if what == "exit":
           process.exited_at = time.monotonic()
@@ -328,6 +343,11 @@ class Pair:
             watch(process, fds[0], "seccomp")
         elif what == "seccomp":
           process.supervisor.handle()
+          if revents & (select.POLLHUP | select.POLLERR | select.POLLNVAL):
+            # No task is left under its filter (the process is exiting): nothing more can come,
+            # and a hung-up listener stays readable, which would keep this loop from returning
+            # until the exit (a CUDA context's teardown) is over.
+            poller.unregister(fd)
       if not timed and self.judge.timed and on_timed is not None:
         timed = True
         on_timed()

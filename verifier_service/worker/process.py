@@ -301,7 +301,10 @@ def _timings(marks: dict[str, float], pair: pair_lib.Pair | None) -> dict[str, f
   any, then reading the job), judge_setup_left (the job handed over to the judge reading it,
   which it does once its set-up is made: the part of judge_start that set-up), judge_run
   (from there to its result: the stages it reports); exit (the judge's result to the job's end for the slot: the candidate's
-  final checks and report, or the exits where a process did not report); merge; cleanup (log
+  final checks and report, or the exits where a process did not report), and two looks into it
+  where both reported: candidate_after_finish (the candidate's process from answering the judge's
+  `finish` to writing its report, by its own clock) and report_read_lag (the later report
+  written to this process done reading it); merge; cleanup (log
   tails, and folders where reaped here); total; and the judge's own parts of its run, from its
   report (trusted/judge.Judge.part)."""
   spans = {"fork": ("start", "forked"), "stage_modules": ("forked", "staged"),
@@ -319,6 +322,16 @@ def _timings(marks: dict[str, float], pair: pair_lib.Pair | None) -> dict[str, f
       out["judge_run"] = judge.result_at - began
       if "served" in marks:
         out["exit"] = marks["served"] - judge.result_at
+  candidate = pair.candidate if pair is not None else None
+  if candidate is not None and candidate.written_at and "served" in marks:
+    # exit, looked into (the candidate's clock: timings only): its work after answering the
+    # judge's `finish`, and the worker's lag in reading the later of the two reports
+    if candidate.finished_at:
+      out["candidate_after_finish"] = min(max(0.0, candidate.written_at - candidate.finished_at),
+                                          marks["served"] - marks["start"])
+    if judge is not None and judge.written_at:
+      latest = min(marks["served"], max(judge.written_at, candidate.written_at))
+      out["report_read_lag"] = marks["served"] - latest
   out["cleanup"] = marks["end"] - marks.get("merged", marks["end"])
   out["total"] = marks["end"] - marks["start"]
   return {k: round(v, 4) for k, v in out.items()}
