@@ -12,9 +12,9 @@ A pair forked for its job at once (`start` sends `s` and `g` together) runs exac
 A job is over for the slot when both processes have reported (`serve`): their exits (a CUDA
 context's teardown, ~0.27 s on an H200) are then off the critical path. (Until 2026-12-06 they
 were not: the candidate's seccomp listener hangs up as its process exits and stays readable, and
-`serve` answered it in a loop until the process was reaped; now a hung-up listener is let go.) The worker kills both
-process groups and reaps them later (`retire`, `reap`), so nothing of the finished job runs beside
-the next one but the kernel's teardown. A process that has not reported is waited for, and killed
+`serve` answered it in a loop until the process was reaped; now a hung-up listener is let go.)
+The worker kills both process groups and reaps them later (`retire`, `reap`), so nothing of the
+finished job runs beside the next one but the kernel's teardown. A process that has not reported is waited for, and killed
 after a grace once the other is done, as before: its exit status decides its verdict.
 """
 
