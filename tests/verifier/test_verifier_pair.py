@@ -26,7 +26,8 @@ from verifier_service.run import sandbox
 from verifier_service.worker import job_process
 from verifier_service.worker import pair as pair_lib
 
-pytestmark = pytest.mark.skipif(sandbox.pyseccomp is None, reason="no pyseccomp/libseccomp here")
+_needs_seccomp = pytest.mark.skipif(sandbox.pyseccomp is None,
+                                    reason="no pyseccomp/libseccomp here")
 
 NONCE = "0" * 32
 _ALIVE_S = 10.0  # how long a child waits for its start pipe to close before it exits on its own
@@ -99,6 +100,7 @@ def _serve_once(folder: str) -> dict:
           "violations": violations, "alive": alive, "served_s": served_s}
 
 
+@_needs_seccomp
 def test_a_job_ends_at_both_reports_though_the_candidates_listener_hung_up(tmp_path):
   """Once both processes reported, `serve` returns without waiting for their exits (a CUDA
   context's teardown on a GPU): a seccomp listener whose filter has no task left (hung up, as it is
@@ -115,6 +117,23 @@ def test_a_job_ends_at_both_reports_though_the_candidates_listener_hung_up(tmp_p
   assert any("kill" in v["evidence"] for v in seen["violations"]), seen
   assert seen["alive"] == [pair_lib.JUDGE, pair_lib.CANDIDATE], seen
   assert seen["served_s"] < _ALIVE_S / 2, seen
+
+
+@pytest.mark.parametrize("stamp", [float("nan"), float("inf"), "12.5", None, 7])
+def test_a_judge_stamp_that_is_no_finite_float_is_no_clock_reading(stamp):
+  """The judge's first phase line carries `at` and `job_read_at` (time.monotonic() in the judge):
+  a value that is no finite float is taken for none, and the timings built on it stay off."""
+  judge = pair_lib.Process(pair_lib.JUDGE, os.getpid(), -1, -1, None, NONCE, "")
+  try:
+    judge.line(json.dumps({"type": "phase", "phase": "STAGE_LOAD", "at": stamp,
+                           "job_read_at": stamp}).encode(), io.StringIO(), "job")
+    assert judge.began_at == 0.0 and judge.job_read_at == 0.0
+    now = time.monotonic()
+    judge.line(json.dumps({"type": "phase", "phase": "STAGE_LOAD", "at": now - 1.0,
+                           "job_read_at": stamp}).encode(), io.StringIO(), "job")
+    assert judge.began_at == now - 1.0 and judge.job_read_at == 0.0
+  finally:
+    os.close(judge.pidfd)
 
 
 if __name__ == "__main__":

@@ -112,14 +112,14 @@ class Process:
     if not isinstance(message, dict):
       return
     if message.get("type") == "phase" and isinstance(message.get("phase"), str):
-      at, read = message.get("at"), message.get("job_read_at")
-      if self.role == JUDGE and not self.began_at and isinstance(at, float):
+      at, read = _clock(message.get("at")), _clock(message.get("job_read_at"))
+      if self.role == JUDGE and not self.began_at and at:
         self.began_at = min(at, self.first_line_at)
-        self.job_read_at = min(read, self.began_at) if isinstance(read, float) else 0.0
+        self.job_read_at = min(read, self.began_at) if read else 0.0
       if message["phase"] == "CANDIDATE_LOADING" and self.role == CANDIDATE:
         self.loading = True
       elif message["phase"] == "CANDIDATE_FINISHED" and self.role == CANDIDATE:
-        self.finished_at = self.finished_at or _clock(at)
+        self.finished_at = self.finished_at or at
       elif message["phase"] == job_lib.PHASE_TIMED and self.role == JUDGE:
         self.timed = True
       elif self.role == JUDGE and message["phase"].startswith("STAGE_"):
