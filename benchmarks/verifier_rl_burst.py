@@ -79,6 +79,9 @@ class Served:
     self.builds: list[dict] = []  # every build the server ran (BuildResult fields), in order
     self._record_builds()
     self.port = self.call(self._start())
+    # Every GPU job a slot ran, (start, end) by time.monotonic(), in the order they ended.
+    self.jobs: list[tuple[float, float]] = []
+    self._record_jobs()
 
   def _record_builds(self) -> None:
     """Keeps each build's result, its processes (BuildResult.steps) included: where a step's
@@ -93,6 +96,19 @@ class Served:
       self.builds.append(entry)
       return result
     compiler.build = recorded
+
+  def _record_jobs(self) -> None:
+    """Keeps when each slot's job began and ended (a slot's whole job, as WorkerSlot.run has it):
+    how busy the GPU slots were over a step, and when its first job began."""
+    slots = self.scheduler.pool.slots if self.scheduler.pool is not None else []
+    for slot in slots:
+      async def recorded(*args, _run=slot.run, **kwargs):
+        start = time.monotonic()
+        try:
+          return await _run(*args, **kwargs)
+        finally:
+          self.jobs.append((start, time.monotonic()))
+      slot.run = recorded
 
   async def _start(self) -> int:
     await self.scheduler.start()
@@ -202,7 +218,7 @@ def run_step(conn: connect_lib.Connection, served: Served, samples: list[mix_lib
              phase: int, options: pb.VerifyOptions) -> dict:
   """Sends one step's completions as `dice train` does and waits for the last verdict."""
   stats0, counters0 = conn.client.stats(), served.counters()
-  first_build = len(served.builds)
+  first_build, first_job = len(served.builds), len(served.jobs)
   cores_busy0 = _busy_jiffies()
   start = time.monotonic()
   future = candidates.submit_completions(
@@ -246,7 +262,27 @@ def run_step(conn: connect_lib.Connection, served: Served, samples: list[mix_lib
       "verdict_total_p50_s": _median([v.total_s for v in fresh]),
       "verdict_total_p90_s": _quantile([v.total_s for v in fresh], 0.9),
       "outcomes": dict(outcomes), "outcomes_by_kind": {k: dict(c) for k, c in by_kind.items()},
+      "gpu_slots": occupancy([(a - start, b - start) for a, b in served.jobs[first_job:]],
+                             wall, len(served.scheduler.pool.slots) if served.scheduler.pool else 0),
       "builds": builds_lib.summarise(served.builds[first_build:])}
+
+
+def occupancy(jobs: list[tuple[float, float]], wall: float, slots: int) -> dict[str, float | None]:
+  """How a step's GPU slots were used: `jobs` are (start, end) seconds from the step's start.
+  first_job_s: when the first began; busy: the slots' job seconds over slots x wall; idle_s: the
+  step's seconds with no job running; all_busy_s: those with every slot running one."""
+  if not jobs or not slots or wall <= 0:
+    return {"first_job_s": None, "busy": 0.0, "idle_s": wall, "all_busy_s": 0.0}
+  events = sorted([(a, 1) for a, _ in jobs] + [(b, -1) for _, b in jobs])
+  running, last, idle, full = 0, 0.0, 0.0, 0.0
+  for at, change in events + [(max(wall, events[-1][0]), 0)]:
+    if running == 0:
+      idle += at - last
+    elif running >= slots:
+      full += at - last
+    running, last = running + change, at
+  return {"first_job_s": min(a for a, _ in jobs),
+          "busy": sum(b - a for a, b in jobs) / (slots * wall), "idle_s": idle, "all_busy_s": full}
 
 
 def _slot_parts(delta: dict[str, float]) -> dict[str, float]:
@@ -290,6 +326,11 @@ def _print_step(index: int, step: dict) -> None:
         f"{step['workers_cpu_s']:.0f} ({step['cpu_s_per_job']:.2f} per job; per reaped job "
         + ", ".join(f"{k} {v:.2f}" for k, v in step["job_cpu_s_per_job"].items())
         + f"), server and client {step['server_cpu_s']:.0f}", flush=True)
+  slots = step["gpu_slots"]
+  if slots["first_job_s"] is not None:
+    print(f"  GPU slots: first job began at {slots['first_job_s']:.1f} s; busy "
+          f"{100 * slots['busy']:.0f}% of slots x wall; no job running {slots['idle_s']:.1f} s, "
+          f"every slot running one {slots['all_busy_s']:.1f} s", flush=True)
   print("  GPU slot per job, by part (mean s): " + ", ".join(
       f"{k} {v:.3f}" for k, v in step["slot_parts_s_per_job"].items()), flush=True)
   print(f"  outcomes {step['outcomes']}; by kind: " + "; ".join(

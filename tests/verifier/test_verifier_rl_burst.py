@@ -109,3 +109,14 @@ def test_a_steps_slot_parts_are_means_over_its_jobs_largest_first():
   delta = {"slot_part_s:exit": 1.5, "slot_part_n:exit": 3.0, "slot_part_s:fork": 0.0,
            "slot_part_n:fork": 0.0, "slot_part_s:judge_run": 3.0, "slot_part_n:judge_run": 2.0}
   assert list(burst._slot_parts(delta).items()) == [("judge_run", 1.5), ("exit", 0.5)]
+
+
+def test_a_steps_gpu_slots_are_measured_from_its_jobs_intervals():
+  import verifier_rl_burst as burst  # pylint: disable=import-outside-toplevel
+  # Two slots over a 10 s step: idle until 2 s, one job 2-5 s, both 3-4 s, idle 6-10 s.
+  got = burst.occupancy([(2.0, 5.0), (3.0, 4.0), (5.0, 6.0)], 10.0, 2)
+  assert got == {"first_job_s": 2.0, "busy": 5.0 / 20.0, "idle_s": 6.0, "all_busy_s": 1.0}
+  assert burst.occupancy([], 10.0, 2) == {"first_job_s": None, "busy": 0.0, "idle_s": 10.0,
+                                          "all_busy_s": 0.0}
+  # A job that ends after the step's last verdict (its processes' exit) still counts.
+  assert burst.occupancy([(0.0, 11.0)], 10.0, 1)["all_busy_s"] == 11.0
