@@ -180,3 +180,19 @@ def test_check_says_what_it_is_doing(tmp_path, cache_dir):
   assert any("compiling progress_ext: main.cpp and cuda.cu" in line for line in lines), lines
   assert any("linking progress_ext" in line for line in lines), lines
   assert any(re.search(r"compiled progress_ext in \d+\.\d s", line) for line in lines), lines
+
+
+def test_one_text_under_two_file_names_is_two_objects(tmp_path):
+  """An object is keyed by its file's name too: the name is in what it compiles to (`__FILE__`)
+  and in its log, so the same text and command under another name is not a cache hit."""
+  from verifier_service.compile import objects as objects_lib  # pylint: disable=import-outside-toplevel
+  (tmp_path / "tmp").mkdir()
+  objects = objects_lib.Objects(tmp_path, "test", compile_procs.ProcessRunner(1, dict(os.environ)),
+                                split_nvcc=False, host=None)
+  cmd = ["g++", "-c", "{src}", "-o", "{out}"]
+  text = 'const char* hostile_name() { return __FILE__; }\n'
+  built = {name: asyncio.run(objects.compile(cmd, text, name, nvcc=False))[0]
+           for name in ("first.cpp", "second.cpp")}
+  assert len({pathlib.Path(p).parent for p in built.values()}) == 2, built
+  for name, path in built.items():
+    assert pathlib.Path(path).name == name + ".o" and name.encode() in pathlib.Path(path).read_bytes()

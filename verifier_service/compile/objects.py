@@ -78,7 +78,8 @@ class Objects:
     split path's host half). `host_first`: expected to fail, so nvcc's device chain waits for
     its host chain (nvcc_split.compile_split; the same result). Raises ProcessFailed."""
     split = self._split and nvcc and filename.endswith(".cu")
-    key = digest("obj", self._fingerprint, cmd, text, split, module_id, *([files] if files else []))
+    key = digest("obj", self._fingerprint, cmd, text, split, module_id, filename,
+                 *([files] if files else []))
     final = self.cache_dir / "obj" / key[:2] / key
     obj = final / (filename + ".o")
     if obj.is_file():
