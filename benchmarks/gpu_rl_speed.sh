@@ -26,7 +26,9 @@
 #   bash benchmarks/gpu_rl_speed.sh DICE_JSON churn     # ~5 min: gpu_setup_cost.py's set-up steps (1
 #       and 8 at once) and --churn (CUDA contexts made and torn down a second, 1-16 at once; then
 #       4 and 8 at once with 0.5 s of GPU work each), verifier_run_stage.py at 1, 2 and 4 slots
-#       (32 jobs; CHURN_SLOTS): what bounds the run stage at ~1.9 jobs/s at 4 slots and at 8
+#       (32 jobs; CHURN_SLOTS): what bounds the run stage at ~1.9 jobs/s at 4 slots and at 8 (run 24
+#       on an H100: ~5 contexts a second from 2 at once on). CHURN_ENV="NAME=VALUE ..." adds the
+#       churn with that environment (e.g. CUDA_DEVICE_MAX_CONNECTIONS=1: fewer work queues a context)
 #   bash benchmarks/gpu_rl_speed.sh DICE_JSON memory    # ~6 min: the DICE 3497 test (4 GiB
 #       outputs, two seeds: 312 s on the H200 on 2026-12-04, each retried alone; 303 s on an H100
 #       on 2026-12-05, checked per batch, OK at once)
@@ -172,6 +174,11 @@ case "$PART" in
       --churn 1 2 4 8 16 --churn-s 15
     stage churn_work "${CHURN_S:-240}" python3 benchmarks/gpu_setup_cost.py --processes \
       --churn 4 8 --churn-s 15 --churn-work-s 0.5
+    if [ -n "${CHURN_ENV:-}" ]; then  # the same churn with the children's environment changed
+      # shellcheck disable=SC2086  # CHURN_ENV is a list of NAME=VALUE
+      stage churn_env "${CHURN_S:-240}" env $CHURN_ENV python3 benchmarks/gpu_setup_cost.py \
+        --processes --churn 1 2 4 8 --churn-s 15
+    fi
     for slots in ${CHURN_SLOTS:-1 2 4}; do  # the run stage's jobs a second by slots (4: ~1.9, runs 20-23)
       stage "run_stage_$slots" "${RUN_STAGE_S:-90}" python3 benchmarks/verifier_run_stage.py \
         --jobs 32 --slots-per-gpu "$slots" --rounds 1 --json "$OUT/run_stage_$slots.json"
@@ -180,6 +187,7 @@ case "$PART" in
     echo "================ issue 26 churn on $(tail -1 "$OUT/gpu.txt") at $(cat "$OUT/commit.txt") ================"
     cat "$OUT/stages.txt"
     cat "$OUT/churn.log" "$OUT/churn_work.log"
+    [ -f "$OUT/churn_env.log" ] && { echo "--- churn with $CHURN_ENV"; cat "$OUT/churn_env.log"; }
     for slots in ${CHURN_SLOTS:-1 2 4}; do grep -h -E "^round" "$OUT/run_stage_$slots.log"; done
     ;;
   memory)
