@@ -12,10 +12,16 @@ A pair forked for its job at once (`start` sends `s` and `g` together) runs exac
 A job is over for the slot when both processes have reported (`serve`): their exits (a CUDA
 context's teardown, ~0.27 s on an H200) are then off the critical path. (Until 2026-12-06 they
 were not: the candidate's seccomp listener hangs up as its process exits and stays readable, and
-`serve` answered it in a loop until the process was reaped; now a hung-up listener is let go.)
+`serve` answered it in a loop until the process was reaped; now a hung-up listener is let go:
+`exit` went from 0.21-0.41 s to 0.001-0.003 s of a slot's job on an H100, BENCHMARKS.md run 24.)
 The worker kills both process groups and reaps them later (`retire`, `reap`), so nothing of the
-finished job runs beside the next one but the kernel's teardown. A process that has not reported is waited for, and killed
-after a grace once the other is done, as before: its exit status decides its verdict.
+finished job runs beside the next one but the kernel's teardown. A process that has not reported
+is waited for, and killed after a grace once the other is done, as before: its exit status
+decides its verdict.
+
+What bounds a slot's jobs now (run 24): one GPU makes and tears down about 5 CUDA contexts a
+second however many processes ask at once, and a pair makes two, so a GPU runs at most ~2.6 jobs a
+second through pairs; a judge that outlives its job would halve that cost.
 """
 
 from __future__ import annotations
