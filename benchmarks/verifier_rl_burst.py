@@ -262,8 +262,8 @@ def run_step(conn: connect_lib.Connection, served: Served, samples: list[mix_lib
       "verdict_total_p50_s": _median([v.total_s for v in fresh]),
       "verdict_total_p90_s": _quantile([v.total_s for v in fresh], 0.9),
       "outcomes": dict(outcomes), "outcomes_by_kind": {k: dict(c) for k, c in by_kind.items()},
-      "gpu_slots": occupancy([(a - start, b - start) for a, b in served.jobs[first_job:]],
-                             wall, len(served.scheduler.pool.slots) if served.scheduler.pool else 0),
+      "gpu_slots": occupancy([(a - start, b - start) for a, b in served.jobs[first_job:]], wall,
+                             len(served.scheduler.pool.slots) if served.scheduler.pool else 0),
       "builds": builds_lib.summarise(served.builds[first_build:])}
 
 

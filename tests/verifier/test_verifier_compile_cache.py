@@ -16,6 +16,7 @@ import pytest
 from verifier_service import cli
 from verifier_service.compile import cache as compile_cache
 from verifier_service.compile import compiler as compile_lib
+from verifier_service.compile import objects as objects_lib
 from verifier_service.compile import pch as pch_lib
 from verifier_service.compile import procs as compile_procs
 
@@ -185,7 +186,6 @@ def test_check_says_what_it_is_doing(tmp_path, cache_dir):
 def test_one_text_under_two_file_names_is_two_objects(tmp_path):
   """An object is keyed by its file's name too: the name is in what it compiles to (`__FILE__`)
   and in its log, so the same text and command under another name is not a cache hit."""
-  from verifier_service.compile import objects as objects_lib  # pylint: disable=import-outside-toplevel
   (tmp_path / "tmp").mkdir()
   objects = objects_lib.Objects(tmp_path, "test", compile_procs.ProcessRunner(1, dict(os.environ)),
                                 split_nvcc=False, host=None)
@@ -195,4 +195,5 @@ def test_one_text_under_two_file_names_is_two_objects(tmp_path):
            for name in ("first.cpp", "second.cpp")}
   assert len({pathlib.Path(p).parent for p in built.values()}) == 2, built
   for name, path in built.items():
-    assert pathlib.Path(path).name == name + ".o" and name.encode() in pathlib.Path(path).read_bytes()
+    assert pathlib.Path(path).name == name + ".o", built
+    assert name.encode() in pathlib.Path(path).read_bytes(), name
