@@ -179,7 +179,8 @@ case "$PART" in
       stage churn_env "${CHURN_S:-240}" env $CHURN_ENV python3 benchmarks/gpu_setup_cost.py \
         --processes --churn 1 2 4 8 --churn-s 15
     fi
-    for slots in ${CHURN_SLOTS:-1 2 4}; do  # the run stage's jobs a second by slots (4: ~1.9, runs 20-23)
+    churn_slots=${CHURN_SLOTS:-1 2 4}  # the run stage's jobs a second by slots (4: ~1.9, runs 20-23)
+    for slots in $churn_slots; do
       stage "run_stage_$slots" "${RUN_STAGE_S:-90}" python3 benchmarks/verifier_run_stage.py \
         --jobs 32 --slots-per-gpu "$slots" --rounds 1 --json "$OUT/run_stage_$slots.json"
     done
@@ -188,7 +189,7 @@ case "$PART" in
     cat "$OUT/stages.txt"
     cat "$OUT/churn.log" "$OUT/churn_work.log"
     [ -f "$OUT/churn_env.log" ] && { echo "--- churn with $CHURN_ENV"; cat "$OUT/churn_env.log"; }
-    for slots in ${CHURN_SLOTS:-1 2 4}; do grep -h -E "^round" "$OUT/run_stage_$slots.log"; done
+    for slots in $churn_slots; do grep -h -E "^round" "$OUT/run_stage_$slots.log"; done
     ;;
   memory)
     export DICE_INFILLING_JSON="$DATA"

@@ -97,11 +97,15 @@ class Served:
       return result
     compiler.build = recorded
 
+  @property
+  def slots(self) -> list:
+    """The server's GPU slots (pool.WorkerSlot); none without a worker pool."""
+    return self.scheduler.pool.slots if self.scheduler.pool is not None else []
+
   def _record_jobs(self) -> None:
     """Keeps when each slot's job began and ended (a slot's whole job, as WorkerSlot.run has it):
     how busy the GPU slots were over a step, and when its first job began."""
-    slots = self.scheduler.pool.slots if self.scheduler.pool is not None else []
-    for slot in slots:
+    for slot in self.slots:
       async def recorded(*args, _run=slot.run, **kwargs):
         start = time.monotonic()
         try:
@@ -155,8 +159,7 @@ class Served:
     out["children_cpu_s"] = usage.ru_utime + usage.ru_stime + warm
     # The GPU workers and the job processes they forked and reaped (a standby pair still alive
     # counts once it is reaped); this process: the server, the client and the benchmark.
-    slots = self.scheduler.pool.slots if self.scheduler.pool is not None else []
-    out["workers_cpu_s"] = sum(_cpu_with_reaped_s(slot.info.get("pid")) for slot in slots)
+    out["workers_cpu_s"] = sum(_cpu_with_reaped_s(slot.info.get("pid")) for slot in self.slots)
     own = resource.getrusage(resource.RUSAGE_SELF)
     out["server_cpu_s"] = own.ru_utime + own.ru_stime
     return out
@@ -263,7 +266,7 @@ def run_step(conn: connect_lib.Connection, served: Served, samples: list[mix_lib
       "verdict_total_p90_s": _quantile([v.total_s for v in fresh], 0.9),
       "outcomes": dict(outcomes), "outcomes_by_kind": {k: dict(c) for k, c in by_kind.items()},
       "gpu_slots": occupancy([(a - start, b - start) for a, b in served.jobs[first_job:]], wall,
-                             len(served.scheduler.pool.slots) if served.scheduler.pool else 0),
+                             len(served.slots)),
       "builds": builds_lib.summarise(served.builds[first_build:])}
 
 

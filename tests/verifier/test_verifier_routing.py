@@ -52,13 +52,18 @@ def _server_of(servers, item: VerifyItem, verdict: pb.Verdict) -> int:
   return found[0]
 
 
+def _home(reference_source: str, targets: tuple[str, ...]) -> str:
+  """The target a problem's group is routed to first (its rendezvous home)."""
+  return routing.rendezvous(routing.problem_key(reference_source), targets)[0]
+
+
 def _spread(targets: tuple[str, ...], count: int) -> list:
   """`count` synthetic problems whose homes are not all one target: the servers' ports are random,
   and 10 problems all hash to one of two targets about once in 700 port pairs (simulated). A CI
   rehearsal on 2026-12-06 found all 10 on one server, by that or by another cause (the other
   server taken for down?): the check against each problem's home tells them apart now."""
   pool = problems_lib.load_problems(f"synthetic:all?split=all&limit={3 * count}")
-  home = lambda p: routing.rendezvous(routing.problem_key(p.reference_source), targets)[0]
+  home = lambda p: _home(p.reference_source, targets)
   chosen = pool[:count]
   if len({home(p) for p in chosen}) < 2:
     chosen[-1] = next(p for p in pool[count:] if home(p) != home(chosen[0]))
@@ -81,8 +86,7 @@ def test_each_problem_stays_on_one_server_whose_caches_then_answer(two_servers):
     home.setdefault(item.reference_source, set()).add(_server_of(two_servers, item, verdict))
   assert all(len(servers) == 1 for servers in home.values()), home
   # Each on its rendezvous home, and both servers have problems.
-  expected = {ref: {targets.index(routing.rendezvous(routing.problem_key(ref), targets)[0])}
-              for ref in home}
+  expected = {ref: {targets.index(_home(ref, targets))} for ref in home}
   assert home == expected, {ref[:60]: (home[ref], expected[ref]) for ref in home}
   assert {s for servers in home.values() for s in servers} == {0, 1}
   # The re-laid group met its first layout's verdicts on its home server: nothing ran again.
