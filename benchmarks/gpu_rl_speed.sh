@@ -29,6 +29,12 @@
 #       (32 jobs; CHURN_SLOTS): what bounds the run stage at ~1.9 jobs/s at 4 slots and at 8 (run 24
 #       on an H100: ~5 contexts a second from 2 at once on). CHURN_ENV="NAME=VALUE ..." adds the
 #       churn with that environment (e.g. CUDA_DEVICE_MAX_CONNECTIONS=1: fewer work queues a context)
+#   bash benchmarks/gpu_rl_speed.sh DICE_JSON kept      # ~8 min: judges kept for JUDGE_JOBS jobs
+#       (default 64, worker/process.py): verifier_run_stage.py (64 jobs at 4 slots, defaults vs
+#       kept), the GPU hostile suite through kept judges; with CHURN_ENV also the churn (2 and 4
+#       at once) with and without it
+#   bash benchmarks/gpu_rl_speed.sh DICE_JSON kept_suites  # ~9 min: test_verifier_gpu.py (DICE's
+#       99 but 3497) and verifier_rl_burst.py (split on) through judges kept for JUDGE_JOBS jobs
 #   bash benchmarks/gpu_rl_speed.sh DICE_JSON memory    # ~6 min: the DICE 3497 test (4 GiB
 #       outputs, two seeds: 312 s on the H200 on 2026-12-04, each retried alone; 303 s on an H100
 #       on 2026-12-05, checked per batch, OK at once)
@@ -190,6 +196,45 @@ case "$PART" in
     cat "$OUT/churn.log" "$OUT/churn_work.log"
     [ -f "$OUT/churn_env.log" ] && { echo "--- churn with $CHURN_ENV"; cat "$OUT/churn_env.log"; }
     for slots in $churn_slots; do grep -h -E "^round" "$OUT/run_stage_$slots.log"; done
+    ;;
+  kept)  # judges kept for JUDGE_JOBS jobs (default 64; worker/process.py): one context a job
+    jobs=${JUDGE_JOBS:-64}
+    stage run_stage "${RUN_STAGE_S:-170}" python3 benchmarks/verifier_run_stage.py --jobs 64 \
+      --slots-per-gpu 4 --rounds "${ROUNDS:-1}" --variant "kept:judge_jobs=$jobs" \
+      --json "$OUT/run_stage.json"
+    export DICE_VERIFIER_JUDGE_JOBS=$jobs  # tests/verifier/verifier_harness.make_config
+    stage adversarial "${ADVERSARIAL_S:-170}" python3 -m pytest -q -m gpu -p no:cacheprovider -rs \
+      tests/adversarial/test_adversarial_gpu.py
+    unset DICE_VERIFIER_JUDGE_JOBS
+    if [ -n "${CHURN_ENV:-}" ]; then  # contexts a second with CHURN_ENV against without
+      stage churn 60 python3 benchmarks/gpu_setup_cost.py --processes --churn 2 4 --churn-s 10
+      # shellcheck disable=SC2086  # CHURN_ENV is a list of NAME=VALUE
+      stage churn_env 60 env $CHURN_ENV python3 benchmarks/gpu_setup_cost.py --processes \
+        --churn 2 4 --churn-s 10
+    fi
+    echo
+    echo "================ issue 26 kept judges on $(tail -1 "$OUT/gpu.txt") at $(cat "$OUT/commit.txt") ================"
+    cat "$OUT/stages.txt"
+    run_stage_summary kept
+    echo "--- adversarial (judges kept for $jobs jobs)"; tail -4 "$OUT/adversarial.log"
+    for name in churn churn_env; do [ -f "$OUT/$name.log" ] && { echo "--- $name"; cat "$OUT/$name.log"; }; done
+    ;;
+  kept_suites)  # DICE's 99 and the RL burst through judges kept for JUDGE_JOBS jobs
+    jobs=${JUDGE_JOBS:-64}
+    export DICE_VERIFIER_JUDGE_JOBS=$jobs DICE_INFILLING_JSON="$DATA" DICE_REPORT_DIR="$OUT"
+    stage verifier_gpu "${DICE_S:-400}" python3 -m pytest -q -m gpu -p no:cacheprovider -rs \
+      tests/verifier/test_verifier_gpu.py -k "not 4_gib"
+    unset DICE_VERIFIER_JUDGE_JOBS
+    # shellcheck disable=SC2086
+    stage rl_burst "${BURST_S:-150}" python3 benchmarks/verifier_rl_burst.py --data "$DATA" \
+      --steps 3 --budget-s "${BURST_BUDGET_S:-60}" --server-set compile_split=true \
+      --server-set "judge_jobs=$jobs" ${BURST_ARGS:-} --json "$OUT/verifier_rl_burst.json"
+    echo
+    echo "================ issue 26 kept-judge suites on $(tail -1 "$OUT/gpu.txt") at $(cat "$OUT/commit.txt") ================"
+    cat "$OUT/stages.txt"
+    echo "--- verifier_gpu (judges kept for $jobs jobs)"; tail -4 "$OUT/verifier_gpu.log"
+    echo "--- verifier_rl_burst.py"
+    grep -E "^(step|  outcomes|  GPU slot|  CPU-s|==|server|compiler|targets)" "$OUT/rl_burst.log"
     ;;
   memory)
     export DICE_INFILLING_JSON="$DATA"

@@ -85,7 +85,9 @@ class ModelNew(nn.Module):
     def forward(self, a, b):
         return ext.scaled_add(a, b, self.scale)
 '''
-_CPU_ROLES = ("judge", "candidate")  # dice_verifier_job_cpu_seconds's parts (Pair.cpu_report)
+# dice_verifier_job_cpu_seconds's parts (Pair.cpu_report); a kept judge's job reports only
+# judge_until_report (its run up to the report), the judge's exit comes with its last job
+_CPU_ROLES = ("judge", "candidate", "judge_until_report")
 _PARTS = ("slot", "total", "fork", "judge_start", "judge_setup_left", "judge_run", "exit",
           "candidate_after_finish", "report_read_lag", "cleanup", "standby_wait", "lock_down", "load_reference", "load_candidate", "correctness", "probes", "timing_lock_wait",
           "timing_setup", "timing_warmup", "timing_calls", "timing_keep", "timing_verify_batch",
@@ -128,11 +130,15 @@ async def _burst(args: argparse.Namespace, fields: dict, reference: str, candida
     job_cpu = lambda role, what: metrics(f"dice_verifier_job_cpu_seconds_{what}",
                                          {"part": role}) or 0.0
     cpu_before = {r: (job_cpu(r, "sum"), job_cpu(r, "count")) for r in _CPU_ROLES}
+    judged = lambda: {k: metrics("dice_verifier_judged_jobs_total", {"judge": k}) or 0.0
+                      for k in ("new", "kept")}
+    judged_before = judged()
     start = time.monotonic()
     verdicts = await asyncio.gather(*(stub.Verify(pb.VerifyRequest(
         request_id=f"job-{seed0}-{i}", reference_source=reference, candidate_source=candidate,
         options=options(seed0 + 1 + i)), timeout=3600) for i in range(args.jobs)))
     wall = time.monotonic() - start
+    judges = {k: int(v - judged_before[k]) for k, v in judged().items()}
     parts = {}
     for p in _PARTS:
       n = part(p, "count") - before[p][1]
@@ -150,7 +156,7 @@ async def _burst(args: argparse.Namespace, fields: dict, reference: str, candida
     await scheduler.stop()
   outcomes = sorted({pb.Outcome.Name(v.outcome) for v in verdicts})
   return {"wall_s": wall, "jobs_per_s": args.jobs / wall, "parts_s": parts, "cpu_s": cpu,
-          "outcomes": outcomes,
+          "outcomes": outcomes, "judges": judges,
           "speedups": [v.timing.speedup for v in verdicts if v.HasField("timing")]}
 
 
@@ -184,7 +190,8 @@ def main() -> None:
                                   1000 * (r * len(variants) + v)))
       runs[name].append(result)
       print(f"round {r} {name}: {args.jobs} jobs in {result['wall_s']:.2f} s = "
-            f"{result['jobs_per_s']:.2f} jobs/s; {result['outcomes']}; a job's processes' CPU "
+            f"{result['jobs_per_s']:.2f} jobs/s; {result['outcomes']}; judges {result['judges']}; "
+            "a job's processes' CPU "
             "(mean s): " + ", ".join(f"{k} {v:.3f}" for k, v in result["cpu_s"].items())
             + "; a slot's job (mean s): "
             + ", ".join(f"{k} {v:.3f}" for k, v in result["parts_s"].items()), flush=True)

@@ -215,6 +215,11 @@ def build_parser() -> argparse.ArgumentParser:
                      help="pairs of job processes each GPU worker keeps forked ahead (2: each "
                           "has two jobs' time to make its CUDA contexts; experimental: not yet "
                           "measured on a GPU)")
+  serve.add_argument("--judge-jobs", type=int, default=defaults.judge_jobs,
+                     help="jobs one judge process may serve: above 1, a slot keeps its judge "
+                          "after a job it ran cleanly, and such a job makes one CUDA context, "
+                          "not two (each candidate still gets a process of its own; "
+                          "experimental: not yet measured on a GPU; default %(default)s)")
   serve.add_argument("--standby-setup-at-fork", action="store_true",
                      help="the next job's processes make their CUDA contexts as soon as they are "
                           "forked, not once the running job's timing is over (experimental: "
@@ -476,7 +481,7 @@ def main(argv: list[str] | None = None) -> int:
                      run_budget_slowdown=args.run_budget_slowdown,
                      standby_processes=not args.no_standby,
                      standby_setup_at_fork=args.standby_setup_at_fork,
-                     standby_pairs=args.standby_pairs,
+                     standby_pairs=args.standby_pairs, judge_jobs=args.judge_jobs,
                      warmup_together=args.warmup_together,
                      cuda_blocking_sync=args.cuda_blocking_sync,
                      program_cache_size=args.program_cache_size)

@@ -30,12 +30,12 @@ _needs_seccomp = pytest.mark.skipif(sandbox.pyseccomp is None,
                                     reason="no pyseccomp/libseccomp here")
 
 NONCE = "0" * 32
-_ALIVE_S = 10.0  # how long a child waits for its start pipe to close before it exits on its own
+_ALIVE_S = 10.0  # how long a child waits for its start channel to close before it exits on its own
 
 
 def _child(role: str, report_w: int, start_r: int, notify: socket.socket | None) -> None:
   """Body of a forked child: (the candidate's) one refused call on a filtered thread that then
-  ends, its report, then alive until its start pipe closes or _ALIVE_S passes."""
+  ends, its report, then alive until its start channel closes or _ALIVE_S passes."""
   code = 1
   try:
     keep = {report_w, start_r} | ({notify.fileno()} if notify is not None else set())
@@ -67,18 +67,18 @@ def _child(role: str, report_w: int, start_r: int, notify: socket.socket | None)
 
 def _fork(role: str, folder: str) -> pair_lib.Process:
   report_r, report_w = os.pipe()
-  start_r, start_w = os.pipe()
+  start_parent, start_child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
   parent_end = child_end = None
   if role == pair_lib.CANDIDATE:
     parent_end, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
   pid = os.fork()
   if pid == 0:
-    _child(role, report_w, start_r, child_end)
+    _child(role, report_w, start_child.fileno(), child_end)
   os.close(report_w)
-  os.close(start_r)
+  start_child.close()
   if child_end is not None:
     child_end.close()
-  return pair_lib.Process(role, pid, report_r, start_w, parent_end, NONCE, folder)
+  return pair_lib.Process(role, pid, report_r, start_parent, parent_end, NONCE, folder)
 
 
 def _serve_once(folder: str) -> dict:
@@ -86,8 +86,7 @@ def _serve_once(folder: str) -> dict:
   judge_dir, cand_dir = os.path.join(folder, "judge"), os.path.join(folder, "job")
   os.makedirs(judge_dir)
   os.makedirs(cand_dir)
-  pair = pair_lib.Pair(_fork(pair_lib.JUDGE, judge_dir), _fork(pair_lib.CANDIDATE, cand_dir),
-                       judge_dir, cand_dir)
+  pair = pair_lib.Pair(_fork(pair_lib.JUDGE, judge_dir), _fork(pair_lib.CANDIDATE, cand_dir))
   try:
     start = time.monotonic()
     pair.serve(io.StringIO(), "job")
@@ -95,7 +94,7 @@ def _serve_once(folder: str) -> dict:
     alive = [p.role for p in pair.processes if not p.exited]
     violations = pair.candidate.violations  # the supervisor's, until the pair is reaped
   finally:
-    pair.discard()  # closes the start pipes: both exit, and are reaped
+    pair.discard()  # closes the start channels: both exit, and are reaped
   return {"reported": [p.role for p in pair.processes if p.result is not None],
           "violations": violations, "alive": alive, "served_s": served_s}
 
@@ -123,7 +122,7 @@ def test_a_job_ends_at_both_reports_though_the_candidates_listener_hung_up(tmp_p
 def test_a_judge_stamp_that_is_no_finite_float_is_no_clock_reading(stamp):
   """The judge's first phase line carries `at` and `job_read_at` (time.monotonic() in the judge):
   a value that is no finite float is taken for none, and the timings built on it stay off."""
-  judge = pair_lib.Process(pair_lib.JUDGE, os.getpid(), -1, -1, None, NONCE, "")
+  judge = pair_lib.Process(pair_lib.JUDGE, os.getpid(), -1, None, None, NONCE, "")
   try:
     judge.line(json.dumps({"type": "phase", "phase": "STAGE_LOAD", "at": stamp,
                            "job_read_at": stamp}).encode(), io.StringIO(), "job")

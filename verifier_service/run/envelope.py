@@ -193,6 +193,10 @@ class JudgeReport(_Typed):
   timing_parts: dict[str, float] = dataclasses.field(default_factory=dict)
   memory: Memory | None = None
   cpu_s: float = 0.0  # the judge's process's CPU (user + system, every thread) at this report
+  # The judge may serve another job (worker/process.py keeps it when the slot allows): its run
+  # ended in step with the candidate's side, its device synchronised, and the torch globals it
+  # checks are as they were before the job (trusted/judge.Globals).
+  reusable: bool = False
 
 
 @dataclasses.dataclass(frozen=True)

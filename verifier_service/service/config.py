@@ -121,6 +121,15 @@ class ServerConfig:
   # making a context took 0.96 s with eight made at once, and a job 2.2-2.8 s. Costs two more
   # CUDA contexts per slot (GPU memory) and two more processes. Off (1) until measured on a GPU.
   standby_pairs: int = 1
+  # Jobs one judge process may serve (worker/process.py): above 1, a slot keeps its judge after a
+  # job the judge ran cleanly to its end (trusted/judge.py `reusable`: in step with the
+  # candidate's side, device healthy, torch's globals unchanged; the candidate's process
+  # reported on its own and ended OK, INCORRECT, RUNTIME_ERROR or REJECTED), so such a job makes
+  # one CUDA context (the candidate's process's, which every job still gets) instead of two. Why:
+  # one GPU makes ~5 contexts a second however many processes ask (H100, BENCHMARKS.md run 24),
+  # which bounds pairs at ~2.6 jobs/s per GPU. A kept judge's CPU limit covers all its jobs
+  # (job_process.judge_cpu_limit). 1: a judge per job. Off (1) until measured on a GPU.
+  judge_jobs: int = 1
   # True: both sides of a job warm up at once under the GPU's timing lock (the judge the
   # reference while the candidate's process the candidate), not one after the other. Neither is
   # timed then; the lock, which every job's timing queues for, is held for one warm-up instead of
@@ -143,6 +152,11 @@ class ServerConfig:
       raise ValueError(f"policy must be one of {sorted(POLICIES)}, got {self.policy!r}")
     if self.standby_pairs < 1:
       raise ValueError(f"standby_pairs must be at least 1, got {self.standby_pairs}")
+    if self.judge_jobs < 1:
+      raise ValueError(f"judge_jobs must be at least 1, got {self.judge_jobs}")
+    if self.judge_jobs > 1 and not self.standby_processes:
+      raise ValueError("judge_jobs above 1 needs standby processes (a worker keeps judges only "
+                       "between jobs of its standby pairs)")
     if not 0.0 < self.strict_min_fraction <= 1.0:
       raise ValueError(f"strict_min_fraction must be in (0, 1], got {self.strict_min_fraction}")
     self.compiler_options(gpus=False)  # the compile stage's settings are consistent
@@ -179,7 +193,7 @@ class ServerConfig:
             "judge_gpu_memory_fraction": 0.45 / slots, "timing_core": self.timing_core,
             "standby": self.standby_processes,
             "standby_setup": "fork" if self.standby_setup_at_fork else "timed",
-            "standby_pairs": self.standby_pairs,
+            "standby_pairs": self.standby_pairs, "judge_jobs": self.judge_jobs,
             "warmup_together": self.warmup_together,
             "blocking_sync": self.cuda_blocking_sync,
             "read_only": [cuda_root] if cuda_root else []}

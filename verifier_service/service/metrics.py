@@ -50,6 +50,10 @@ class Metrics:
         "kernel's count at their exits), judge_until_report and judge_after_report (the judge's "
         "split at its report: its run, then its exit).", ["part"],
         buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 40), registry=self.registry)
+    self.judged_jobs = prom.Counter(
+        "dice_verifier_judged_jobs", "GPU jobs by their judge process: new (its first job) or "
+        "kept (one it served before, worker/process.py judge_jobs).", ["judge"],
+        registry=self.registry)
     self.queue_depth = prom.Gauge("dice_verifier_queue_depth", "Requests waiting or running.",
                                   registry=self.registry)
     self.running = prom.Gauge("dice_verifier_running", "Jobs on GPU workers now.",

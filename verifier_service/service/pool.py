@@ -187,6 +187,7 @@ class WorkerSlot:
             # where the slot's time went (worker/process._timings), plus the round trip to it
             verdict["worker_timings"] = dict(message.get("worker_timings") or {},
                                              slot=time.monotonic() - written)
+            verdict["judge_job"] = message.get("judge_job")  # which of its judge's jobs
             return verdict
       except (WorkerDied, BrokenPipeError, ConnectionResetError, json.JSONDecodeError) as e:
         log.warning("worker %s failed: %s; restarting it", self.name, e)

@@ -375,6 +375,9 @@ class Scheduler:
     environment = result.pop("environment", {})
     for part, seconds in result.pop("worker_timings", {}).items():
       self.metrics.worker_seconds.labels(part).observe(seconds)
+    judge_job = result.pop("judge_job", None)
+    if isinstance(judge_job, int) and judge_job > 0:
+      self.metrics.judged_jobs.labels("new" if judge_job == 1 else "kept").inc()
     partial = pb.Verdict()
     json_format.ParseDict(_proto_json(result), partial, ignore_unknown_fields=True)
     if not partial.stage_timings:

@@ -33,6 +33,10 @@ In order:
    memory share (`memory`: what decides whether a candidate that ran out of memory gets a run
    alone on its GPU, verdict.short_of_memory). The worker merges that with the candidate's
    report and both exit statuses (trusted/verdict.py).
+5. Whether it may serve another job (`reusable`): a worker that keeps judges (`judge_jobs`,
+   worker/process.py) hands a judge the slot's next job only when its run ended in step with the
+   candidate's side, its device still synchronises, and the torch globals `Globals` checks are as
+   they were before the job. Each job still gets a candidate's process of its own.
 
 Whatever the candidate's side sends that does not parse, is too large, contradicts the layout or
 never arrives ends the run as the candidate's failure; the judge never raises for it.
@@ -42,6 +46,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import math
 import random
 import secrets
@@ -115,6 +120,86 @@ def plan_timing(input_bytes: int, output_bytes: int, verify: bool) -> TimingPlan
   each_batch = quota * per_call > KEPT_BYTES
   return TimingPlan(batch, quota, each_batch,
                     timing_bytes(input_bytes, per_call, batch, 0 if each_batch else quota))
+
+
+def _flags(device: torch.device) -> dict[str, Any]:
+  """The torch settings that decide a computation's numerics or where it runs, as values."""
+  cuda = torch.backends.cuda
+  getters: dict[str, Callable[[], Any]] = {
+      "default_dtype": torch.get_default_dtype,
+      "default_device": lambda: str(torch.get_default_device()),
+      "grad": torch.is_grad_enabled,
+      "inference_mode": torch.is_inference_mode_enabled,
+      "anomaly": torch.is_anomaly_enabled,
+      "deterministic": torch.are_deterministic_algorithms_enabled,
+      "deterministic_warn_only": torch.is_deterministic_algorithms_warn_only_enabled,
+      "float32_matmul_precision": torch.get_float32_matmul_precision,
+      "threads": torch.get_num_threads,
+      "cudnn": lambda: (torch.backends.cudnn.enabled, torch.backends.cudnn.benchmark,
+                        torch.backends.cudnn.deterministic, torch.backends.cudnn.allow_tf32),
+      "cuda_matmul": lambda: (cuda.matmul.allow_tf32,
+                              cuda.matmul.allow_fp16_reduced_precision_reduction,
+                              cuda.matmul.allow_bf16_reduced_precision_reduction),
+      "fp32_precision": lambda: tuple(getattr(b, "fp32_precision", None) for b in (
+          torch.backends, cuda.matmul, torch.backends.cudnn)),
+      "sdp": lambda: (cuda.flash_sdp_enabled(), cuda.mem_efficient_sdp_enabled(),
+                      cuda.math_sdp_enabled()),
+      "function_modes": torch._C._len_torch_function_stack,  # pylint: disable=protected-access
+  }
+  if device.type == "cuda":
+    getters["cuda_stream"] = lambda: (torch.cuda.current_device(),
+                                      torch.cuda.current_stream(device).cuda_stream)
+  out: dict[str, Any] = {}
+  for name, getter in getters.items():
+    try:
+      out[name] = getter()
+    except Exception as e:  # pylint: disable=broad-except  (absent from this torch)
+      out[name] = f"unreadable: {type(e).__name__}"
+  return out
+
+
+_MISSING = object()
+
+
+class Globals:
+  """What a reference's code could change in the judge's torch and leave behind for the judge's
+  next job (a kept judge, worker/process.py): the settings `_flags` reads, and which object each
+  name of torch's main namespaces (torch, torch.nn, torch.nn.functional, torch.Tensor,
+  torch.nn.Module, torch.linalg, torch.fft) is bound to. Taken before a job, compared after it:
+  a rebound or deleted name (a monkey-patch), a name added to a class, or a changed setting is a
+  change; a name added to a module is not (torch imports submodules lazily). What this does not
+  see (another module's globals, state inside C++ libraries) a reference from a problem set does
+  not usually touch; the worker's `judge_jobs` bounds how far such state could carry."""
+
+  def __init__(self, device: torch.device):
+    self.device = device
+    self.flags = _flags(device)
+    self.names = {name: dict(vars(space)) for name, space in self._spaces()}
+
+  @staticmethod
+  def _spaces() -> list[tuple[str, Any]]:
+    return [("torch", torch), ("torch.nn", torch.nn), ("torch.nn.functional", torch.nn.functional),
+            ("torch.Tensor", torch.Tensor), ("torch.nn.Module", torch.nn.Module),
+            ("torch.linalg", torch.linalg), ("torch.fft", torch.fft)]
+
+  def changed(self) -> list[str]:
+    """What differs now from when this was taken (empty: nothing it checks)."""
+    now = _flags(self.device)
+    out = [f"{k}: {v!r} -> {now.get(k)!r}" for k, v in self.flags.items() if now.get(k) != v]
+    for name, space in self._spaces():
+      current, before = vars(space), self.names[name]
+      out += [f"{name}.{key}" for key, value in before.items()
+              if current.get(key, _MISSING) is not value]
+      if isinstance(space, type):  # a name added to a class shadows its bases' (a patch)
+        out += [f"{name}.{key} (added)" for key in current if key not in before]
+    return out
+
+
+@functools.cache
+def _gpu_lock(device: torch.device) -> timing.GpuLock:
+  """The GPU's timing lock, opened once per judge process: before its first sandbox closes, and
+  kept for a kept judge's later jobs, which could not open it any more."""
+  return timing.GpuLock.for_device(device)
 
 
 class Ended(Exception):
@@ -564,17 +649,29 @@ def setup(device_name: str, fraction: float) -> dict[str, str]:
   return {"gpu_name": props.name, "gpu_arch": f"sm_{props.major}{props.minor}"}
 
 
-def _finish(chan: wire.Channel, largest: int) -> None:
+def _finish(chan: wire.Channel, largest: int) -> bool:
   """Lets the candidate's side make its final checks, report and exit, skipping an answer still
-  in flight (a trial the judge stopped waiting for, at most `largest` bytes)."""
+  in flight (a trial the judge stopped waiting for, at most `largest` bytes); True once it
+  answered (the two sides ended in step)."""
   try:
     chan.send({"op": "finish"})
     for _ in range(3):
       reply, _ = chan.recv(largest)
       if reply.get("op") == "finish":
-        return
+        return True
   except (wire.ProtocolError, OSError):
     pass
+  return False
+
+
+def _healthy(device: torch.device) -> bool:
+  """The judge's device still completes its work (a CUDA error would surface here)."""
+  try:
+    if device.type == "cuda":
+      torch.cuda.synchronize(device)
+    return True
+  except Exception:  # pylint: disable=broad-except
+    return False
 
 
 def run(envelope: envelope_lib.Envelope, chan: wire.Channel,
@@ -583,7 +680,9 @@ def run(envelope: envelope_lib.Envelope, chan: wire.Channel,
   """The trusted side of one job; returns the judge's report for the worker. `set_up` is what
   `setup` returned before the job ({"environment": ...}), or why it failed ({"error": ...})."""
   judge = Judge(envelope, chan, emit)
+  before = Globals(judge.device)
   result = judge.result
+  in_step = False  # the run ended with the candidate's side answering `finish`
   # When the run began and when the job was read (after the set-up, worker/job_process.py), by
   # the worker's clock too: the worker reads this line only once it serves the pair.
   emit({"phase": enums.STAGE_LOAD, "at": time.monotonic(),
@@ -594,7 +693,7 @@ def run(envelope: envelope_lib.Envelope, chan: wire.Channel,
     try:
       result["environment"] = dict(set_up["environment"])
       mark = time.monotonic()
-      gpu_lock = timing.GpuLock.for_device(judge.device)
+      gpu_lock = _gpu_lock(judge.device)
       lock_down()
       mark = judge.part("lock_down", mark)
     except Exception as e:  # pylint: disable=broad-except
@@ -626,11 +725,11 @@ def run(envelope: envelope_lib.Envelope, chan: wire.Channel,
     judge.profile()
     judge.part("profile", mark)
     judge.ask({"op": "finish"})
-    result["outcome"] = enums.OK
+    result["outcome"], in_step = enums.OK, True
   except Ended as e:
     result.update(outcome=e.outcome, message=e.message, candidate_ended=e.candidate)
     if e.in_step:
-      _finish(chan, 2 * wire.payload_bytes(judge.spec) + judge.input_bytes)
+      in_step = _finish(chan, 2 * wire.payload_bytes(judge.spec) + judge.input_bytes)
   stage = result["stage"]
   judge.enter(enums.STAGE_DONE)  # closes the stage that was running
   result["stage"] = enums.STAGE_DONE if result["outcome"] == enums.OK else stage
@@ -638,7 +737,13 @@ def run(envelope: envelope_lib.Envelope, chan: wire.Channel,
   memory = None
   with contextlib.suppress(Exception):  # no CUDA (judge setup failed): nothing to weigh
     memory = dataclasses.asdict(judge.memory())
+  reusable = (in_step and result["outcome"] not in (enums.INFRA_ERROR, enums.BAD_REFERENCE)
+              and _healthy(judge.device))
+  changed = before.changed() if reusable else []
+  if changed:  # in the judge's log: why the worker replaces it
+    print(f"judge: not kept for another job: changed {', '.join(changed)[:2000]}",
+          file=sys.stderr)
   # Checked here as the worker will check it: a field this run left out takes its default.
   return envelope_lib.JudgeReport.from_json(
       {**envelope_lib.JudgeReport(stage=result["stage"], outcome=None).to_json(), **result,
-       "memory": memory, "cpu_s": time.process_time()})
+       "memory": memory, "cpu_s": time.process_time(), "reusable": reusable and not changed})

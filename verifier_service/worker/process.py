@@ -46,6 +46,13 @@ keeps N pairs waiting, so that each has N jobs' time to make its contexts), and 
 processes exit after its verdict is sent, not before. A job whose sandbox settings differ from the
 slot's (a retry alone on its GPU, with every slot's memory) gets a pair forked for it.
 
+Kept judges (`judge_jobs: N` above 1, standby on): the judge of a job it ran cleanly
+(`Pair.judge_reusable`) serves the slot's next job too, up to N jobs, and the standbys are
+candidates' processes alone; a reserve judge, forked and set up with them, takes over when the
+kept one is replaced (after a crash, a hang, a refused call, a changed torch global, N jobs).
+Every job still gets a candidate's process of its own; the candidate's code never runs in the
+judge's, and a kept judge only ever talks to a candidate's process through that job's socket.
+
 `--device cpu` is the development/test mode (off by default; the server enables it only with
 `--cpu-test-mode`): the same children run reference and candidate on the CPU, which lets CI
 exercise the boundary, the sandbox, crashes, hangs, timeouts, correctness, exploit checks and
@@ -56,6 +63,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import io
 import json
 import os
@@ -115,7 +123,7 @@ def serve(device: str, out: TextIO, sandbox_spec: dict[str, Any]) -> None:
   stdin = _Lines(sys.stdin.fileno())
   try:
     while not stdin.closed:
-      fds = {p.pidfd: pair for pair in slot.retiring for p in pair.processes}
+      fds = {p.pidfd: pair for pair in slot.retiring for p in pair.owned()}
       ready, _, _ = select.select([stdin.fd, *fds], [], [])
       if any(fd in fds for fd in ready):
         slot.collect()
@@ -152,15 +160,21 @@ def _job(line: bytes) -> tuple[envelope.Job | None, dict[str, Any]]:
 
 class _Slot:
   """The worker's pairs: the one running a job, the standbys for the next (`standby_pairs` of
-  them, oldest first), the finished ones."""
+  them, oldest first), the finished ones; with `judge_jobs` above 1 also the judge kept from the
+  last job and a reserve judge (forked and set up ahead, for when the kept one is replaced)."""
 
   def __init__(self, device: str, spec: dict[str, Any], out: TextIO):
     self.device, self.spec, self.out = device, spec, out
     self.standby_on = bool(spec.get("standby", True))
     self.setup_at_fork = spec.get("standby_setup") == "fork"
     self.ahead = max(1, int(spec.get("standby_pairs", 1)))
+    self.judge_jobs = max(1, int(spec.get("judge_jobs", 1)))
+    self.keeping = self.standby_on and self.judge_jobs > 1
     self.standbys: collections.deque[pair_lib.Pair] = collections.deque()
     self.retiring: list[pair_lib.Pair] = []
+    self.judge: pair_lib.Process | None = None  # kept from the last job, waiting for the next
+    self.reserve: pair_lib.Process | None = None
+    self.reserve_set_up = False
 
   def run(self, job: envelope.Job, out: TextIO) -> dict[str, Any]:
     spec = _scaled(self.spec, job.memory_scale)
@@ -169,37 +183,70 @@ class _Slot:
     pair, waited, lead = None, 0.0, 0.0
     if spec is self.spec and self.standbys:
       pair = self.standbys.popleft()
-      if not pair.alive():  # a standby process died while waiting: not this job's to pay for
-        pair.discard()
+      if not pair.alive() or (self.keeping and not self._attach_judge(pair)):
+        pair.discard()  # a standby process died while waiting: not this job's to pay for
         pair = None
       else:
         now = time.monotonic()
         waited, lead = now - pair.forked_at, (now - pair.set_up_at if pair.set_up else 0.0)
     done = run_job(job, self.device, spec, out, pair=pair, before_serving=self.prepare_next,
-                   on_timed=self.set_up_next)
+                   on_timed=self.set_up_next,
+                   judge_jobs=self.judge_jobs if pair is not None else 1)
     done["worker_timings"]["standby_age"] = round(waited, 4)
     if pair is not None:  # how long its set-up had before the job came (0: none)
       done["worker_timings"]["standby_lead"] = round(lead, 4)
+      if self.keeping and pair.keep_judge:
+        self.judge = pair.judge
     self.set_up_next()
     return done
 
+  def _attach_judge(self, pair: pair_lib.Pair) -> bool:
+    """Gives `pair` (forked without a judge) the judge kept from the last job if it still waits,
+    else the reserve, else one forked now; False if none could be forked."""
+    for judge in (self.judge, self.reserve):
+      if judge is not None and judge.gone():  # died while waiting
+        judge.kill()
+        judge.reap()
+        judge.close()
+    judge = self.judge if self.judge is not None and self.judge.wait_status is None else None
+    self.judge = None
+    if judge is None and self.reserve is not None and self.reserve.wait_status is None:
+      judge, self.reserve, self.reserve_set_up = self.reserve, None, False
+    if judge is None:
+      try:
+        judge = pair_lib.fork(JUDGE, self.device, self.spec, "")
+      except OSError:
+        return False
+    pair.attach(judge)
+    return True
+
   def prepare_next(self, running: pair_lib.Pair | None) -> None:
-    """Forks the next jobs' pairs (up to `standby_pairs` waiting) while this one runs; they set
-    up once this one's timing is over, or at once with `standby_setup: "fork"`."""
+    """Forks the next jobs' pairs (up to `standby_pairs` waiting; without their judges where
+    judges are kept, with a reserve judge instead) while this one runs; they set up once this
+    one's timing is over, or at once with `standby_setup: "fork"`."""
     if running is not None:
       self.retiring.append(running)
     while self.standby_on and len(self.standbys) < self.ahead:
       try:
-        self.standbys.append(pair_lib.Pair.fork(self.device, self.spec))
+        self.standbys.append(pair_lib.Pair.fork(self.device, self.spec,
+                                                with_judge=not self.keeping))
       except OSError:
         break  # the next job forks its own
+    if self.keeping and (self.reserve is None or self.reserve.wait_status is not None):
+      with contextlib.suppress(OSError):  # else the next replacement is forked when needed
+        self.reserve, self.reserve_set_up = pair_lib.fork(JUDGE, self.device, self.spec, ""), False
     if self.setup_at_fork:
       self.set_up_next()
 
   def set_up_next(self) -> None:
-    """Lets every waiting pair set up (a pair that did already is left as it is)."""
+    """Lets every waiting pair (and the reserve judge) set up (one that did already is left as
+    it is)."""
     for pair in self.standbys:
       pair.setup()
+    if self.reserve is not None and not self.reserve_set_up:
+      self.reserve_set_up = True
+      with contextlib.suppress(OSError):
+        self.reserve.tell(b"s")
 
   def collect(self) -> None:
     """Reaps the finished pairs that have exited, each reported as "reaped"."""
@@ -217,6 +264,13 @@ class _Slot:
     for pair in self.retiring:
       pair.kill()
       pair.reap(block=True)
+    for judge in (self.judge, self.reserve):
+      if judge is not None and judge.wait_status is None:
+        judge.close_start()
+        judge.kill()
+        judge.reap()
+        judge.close()
+    self.judge = self.reserve = None
 
 
 def _scaled(spec: dict[str, Any], scale: int) -> dict[str, Any]:
@@ -230,7 +284,7 @@ def _scaled(spec: dict[str, Any], scale: int) -> dict[str, Any]:
 
 def run_job(job: envelope.Job, device: str, spec: dict[str, Any] | None = None,
             out: TextIO | None = None, pair: pair_lib.Pair | None = None,
-            before_serving=None, on_timed=None) -> dict[str, Any]:
+            before_serving=None, on_timed=None, judge_jobs: int = 1) -> dict[str, Any]:
   """Runs one job in a pair of processes (`pair`, set up ahead, or one forked now), merges their
   reports.
 
@@ -246,6 +300,8 @@ def run_job(job: envelope.Job, device: str, spec: dict[str, Any] | None = None,
      without it this pair is reaped here, after the verdict is made.
   3. Serve both until both reported, or until both exited (`Pair.serve`).
   4. Merge their reports into the verdict (`_merge`), with the candidate's log tail.
+  5. With `judge_jobs` above 1 (the slot's pair), whether the judge serves the slot's next job
+     (`Pair.judge_reusable`); every other process of the job is retired.
   An OSError in 1 (copying, forking) is the verifier's: both children die, the result is None.
   The "done" message also carries `worker_timings`: where the job's seconds went in this process
   (`_timings`).
@@ -277,6 +333,9 @@ def run_job(job: envelope.Job, device: str, spec: dict[str, Any] | None = None,
   marks["served"] = time.monotonic()
   done.update(_merge(job.options, pair))  # 4
   done["log_tail"] = pair_lib.tail(os.path.join(pair.cand_dir, "output.log"))
+  if judge_jobs > 1:  # 5
+    pair.keep_judge = pair.judge_reusable((done["result"] or {}).get("outcome"), judge_jobs,
+                                          spec.get("cpu_s", 0))
   marks["merged"] = time.monotonic()
   pair.retire()
   if before_serving is None:
@@ -284,6 +343,7 @@ def run_job(job: envelope.Job, device: str, spec: dict[str, Any] | None = None,
     _send_reaped(out, pair)
   marks["end"] = time.monotonic()
   done["worker_timings"] = _timings(marks, pair)
+  done["judge_job"] = pair.judge_job  # 1: its judge's first job; more: a kept judge's
   return done
 
 
