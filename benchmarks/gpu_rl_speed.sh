@@ -30,9 +30,9 @@
 #       on an H100: ~5 contexts a second from 2 at once on). CHURN_ENV="NAME=VALUE ..." adds the
 #       churn with that environment (e.g. CUDA_DEVICE_MAX_CONNECTIONS=1: fewer work queues a context)
 #   bash benchmarks/gpu_rl_speed.sh DICE_JSON kept      # ~8 min: judges kept for JUDGE_JOBS jobs
-#       (default 64, worker/process.py): verifier_run_stage.py (64 jobs at 4 slots, defaults vs
-#       kept), the GPU hostile suite through kept judges; with CHURN_ENV also the churn (2 and 4
-#       at once) with and without it
+#       (default 64, worker/process.py): verifier_run_stage.py (64 jobs at 4 slots, defaults, a
+#       judge per job, kept), the GPU hostile suite through kept judges; with CHURN_ENV also the
+#       churn (2 and 4 at once) with and without it
 #   bash benchmarks/gpu_rl_speed.sh DICE_JSON kept_suites  # ~9 min: test_verifier_gpu.py (DICE's
 #       99 but 3497) and verifier_rl_burst.py (split on) through judges kept for JUDGE_JOBS jobs
 #   bash benchmarks/gpu_rl_speed.sh DICE_JSON memory    # ~6 min: the DICE 3497 test (4 GiB
@@ -200,8 +200,8 @@ case "$PART" in
   kept)  # judges kept for JUDGE_JOBS jobs (default 64; worker/process.py): one context a job
     jobs=${JUDGE_JOBS:-64}
     stage run_stage "${RUN_STAGE_S:-170}" python3 benchmarks/verifier_run_stage.py --jobs 64 \
-      --slots-per-gpu 4 --rounds "${ROUNDS:-1}" --variant "kept:judge_jobs=$jobs" \
-      --json "$OUT/run_stage.json"
+      --slots-per-gpu 4 --rounds "${ROUNDS:-1}" --variant per_job:judge_jobs=1 \
+      --variant "kept:judge_jobs=$jobs" --json "$OUT/run_stage.json"
     export DICE_VERIFIER_JUDGE_JOBS=$jobs  # tests/verifier/verifier_harness.make_config
     stage adversarial "${ADVERSARIAL_S:-170}" python3 -m pytest -q -m gpu -p no:cacheprovider -rs \
       tests/adversarial/test_adversarial_gpu.py
@@ -215,7 +215,7 @@ case "$PART" in
     echo
     echo "================ issue 26 kept judges on $(tail -1 "$OUT/gpu.txt") at $(cat "$OUT/commit.txt") ================"
     cat "$OUT/stages.txt"
-    run_stage_summary kept
+    run_stage_summary "per_job|kept"
     echo "--- adversarial (judges kept for $jobs jobs)"; tail -4 "$OUT/adversarial.log"
     for name in churn churn_env; do [ -f "$OUT/$name.log" ] && { echo "--- $name"; cat "$OUT/$name.log"; }; done
     ;;

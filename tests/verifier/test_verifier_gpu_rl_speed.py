@@ -62,13 +62,16 @@ def _compute_pids() -> set[int]:
 
 def test_the_next_jobs_processes_hold_cuda_contexts_before_the_job(gpu):
   """Between jobs each worker's waiting pair has made its CUDA contexts (worker/pair.py), so a job
-  starts on processes already set up; seen from the driver's list of compute processes."""
+  starts on processes already set up; seen from the driver's list of compute processes. Where
+  judges are kept (DICE_VERIFIER_JUDGE_JOBS, worker/process.py) a slot holds a candidate's process,
+  a reserve judge and, once it ran a job cleanly, the judge it kept."""
   assert gpu.verify(_request("gpu-ahead", kernels.cuda_candidate())).outcome == pb.OK
   time.sleep(3.0)
-  waiting = [c.pid for slot in gpu.scheduler.pool.slots
-             for c in psutil.Process(slot.info["pid"]).children()
-             if c.status() != psutil.STATUS_ZOMBIE]
-  assert len(waiting) == 2 * len(gpu.scheduler.pool.slots), waiting
+  per_slot = [[c.pid for c in psutil.Process(slot.info["pid"]).children()
+               if c.status() != psutil.STATUS_ZOMBIE] for slot in gpu.scheduler.pool.slots]
+  waiting = [pid for pids in per_slot for pid in pids]
+  allowed = {2} if gpu.scheduler.config.judge_jobs == 1 else {2, 3}
+  assert {len(pids) for pids in per_slot} <= allowed, per_slot
   pids = _compute_pids()
   if not pids:
     pytest.skip("nvidia-smi lists no compute processes here (a container without PID access)")

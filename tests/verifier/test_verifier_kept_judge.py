@@ -3,12 +3,13 @@
 Real servers in CPU test mode (C++-only candidates through the real compile path, real forked and
 sandboxed job processes): which judge ran each job is read from the server's own metric
 (`dice_verifier_judged_jobs`, counted with each verdict), and the verdicts are compared
-with those of judges that serve one job each (the session's cpu_server). The hostile suite runs
+with those of judges that serve one job each (judge_jobs=1). The hostile suite runs
 through kept judges too (tests/adversarial/test_adversarial_cpu.py).
 """
 
 from __future__ import annotations
 
+import io
 import os
 import time
 
@@ -21,6 +22,7 @@ from verifier_service.run import envelope
 from verifier_service.service import config as config_lib
 from verifier_service.trusted import judge as judge_lib
 from verifier_service.worker import job_process
+from verifier_service.worker import process as process_lib
 from verifier_service.worker import pair as pair_lib
 
 import verifier_harness
@@ -53,18 +55,20 @@ def _summary(verdict: pb.Verdict) -> tuple:
           sorted(pb.Exploit.Name(e.kind) for e in verdict.exploits), verdict.HasField("timing"))
 
 
-def test_a_kept_judge_serves_its_jobs_with_a_fresh_judges_verdicts(cpu_server, cache_dir,
-                                                                  toolchain):
+def test_a_kept_judge_serves_its_jobs_with_a_fresh_judges_verdicts(cache_dir, toolchain):
   """judge_jobs=3, one slot: the first judge runs three jobs (right, wrong, wrong-layout), then is
-  replaced; every verdict equals the one a judge of one job gives."""
+  replaced; every verdict equals the one a judge of one job gives (judge_jobs=1)."""
   calls = ["scaled_add", "slightly_off", "wrong_shape", "scaled_add"]
-  srv = _server(cache_dir, toolchain, judge_jobs=3)
-  try:
-    kept = [_summary(_run(srv, call)) for call in calls]
-    judged = _judged(srv)
-  finally:
-    srv.stop()
-  fresh = [_summary(_run(cpu_server, call)) for call in calls]
+  verdicts = {}
+  for judge_jobs in (3, 1):
+    srv = _server(cache_dir, toolchain, judge_jobs=judge_jobs)
+    try:
+      verdicts[judge_jobs] = [_summary(_run(srv, call)) for call in calls]
+      if judge_jobs == 3:
+        judged = _judged(srv)
+    finally:
+      srv.stop()
+  kept, fresh = verdicts[3], verdicts[1]
   assert [k[0] for k in kept] == ["OK", "INCORRECT", "INCORRECT", "OK"], kept
   assert kept == fresh
   assert judged == {"new": 2, "kept": 2}, judged
@@ -123,11 +127,13 @@ def test_a_reference_that_changes_torch_leaves_no_judge_for_the_next_job(cache_d
 
 
 def test_judges_are_kept_only_with_standby_processes():
-  with pytest.raises(ValueError, match="judge_jobs above 1 needs standby"):
-    config_lib.ServerConfig(judge_jobs=2, standby_processes=False)
   with pytest.raises(ValueError, match="judge_jobs must be at least 1"):
     config_lib.ServerConfig(judge_jobs=0)
-  assert config_lib.ServerConfig(judge_jobs=4).sandbox_spec("")["judge_jobs"] == 4
+  for standby, keeping in ((True, True), (False, False)):
+    spec = config_lib.ServerConfig(judge_jobs=4, standby_processes=standby).sandbox_spec("")
+    assert spec["judge_jobs"] == 4
+    slot = process_lib._Slot("cpu", spec, io.StringIO())  # pylint: disable=protected-access
+    assert slot.keeping is keeping
 
 
 def test_globals_name_what_changed_and_not_what_torch_adds_lazily(monkeypatch):
@@ -196,3 +202,29 @@ def test_a_judge_is_kept_only_after_a_clean_job(change, kept):
     os.close(judge.pidfd)
     os.close(candidate.pidfd)
   assert job_process.judge_cpu_limit(10.5, 4) == 40
+
+
+def test_a_kept_judges_jobs_report_its_cpu_up_to_each_report(cache_dir, toolchain):
+  """A job whose judge is kept reports its candidate's process's CPU (wait4) and the judge's up
+  to its report (the judge's own count since its previous report), never the judge's whole
+  process, which is reported once, with the job after which it is replaced (judge_jobs=2: every
+  second job). A report arrives with the slot's next job, so jobs run until one has come."""
+  registry = None
+  srv = _server(cache_dir, toolchain, judge_jobs=2)
+  parts = ("judge", "candidate", "judge_until_report", "judge_after_report")
+  cpu = lambda: {p: (registry.get_sample_value("dice_verifier_job_cpu_seconds_sum", {"part": p})
+                     or 0.0, registry.get_sample_value("dice_verifier_job_cpu_seconds_count",
+                                                       {"part": p}) or 0.0) for p in parts}
+  try:
+    registry = srv.scheduler.metrics.registry
+    for _ in range(6):
+      assert _run(srv, "scaled_add").outcome == pb.OK
+      got = cpu()
+      if got["judge"][1] >= 1 and got["candidate"][1] >= 3:
+        break
+  finally:
+    srv.stop()
+  jobs = got["candidate"][1]
+  assert jobs >= 3 and got["judge_until_report"][1] == jobs, got  # every job: the judge's share
+  assert 1 <= got["judge"][1] == got["judge_after_report"][1] < jobs, got  # replaced judges only
+  assert got["judge_until_report"][0] > 0 and got["judge"][0] > 0, got

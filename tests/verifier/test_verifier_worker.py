@@ -201,25 +201,36 @@ def _children(slot) -> dict[int, str]:
   return out
 
 
+def _roles(children: dict[int, str]) -> dict[str, list[str]]:
+  """A slot's children's folders by role ("job": the candidate's process, "judge")."""
+  out: dict[str, list[str]] = {"job": [], "judge": []}
+  for folder in children.values():
+    out[os.path.basename(folder).split("-")[1]].append(folder)
+  return out
+
+
 def test_the_next_jobs_processes_wait_ready_and_a_finished_jobs_are_gone(cpu_server):
-  """Between jobs each worker holds one pair of processes, forked and set up ahead (worker/pair.py),
-  in folders of their own with no job yet; a job takes its slot's pair, whose processes are gone
-  once its verdict is back (killed after reporting, reaped by the worker), and a new pair waits."""
+  """Between jobs each worker holds the next job's candidate's process, forked and set up ahead
+  (worker/pair.py), and its judges (the default keeps them, worker/process.py: a reserve judge
+  set up ahead, and the judge of the slot's last job), in folders of their own with no job yet; a
+  job takes its slot's candidate's process, which is gone once its verdict is back (killed after
+  reporting, reaped by the worker), and a new one waits; the other slots are left alone."""
   slots = cpu_server.scheduler.pool.slots
   assert verify(cpu_server, "scaled_add").outcome == pb.OK
   time.sleep(1.0)  # the last job's processes: killed at its verdict, reaped when they exit
   before = {slot.name: _children(slot) for slot in slots}
-  assert all(len(c) == 2 for c in before.values()), before
   for children in before.values():
-    assert sorted(os.path.basename(d).split("-")[1] for d in children.values()) == ["job", "judge"]
+    roles = _roles(children)
+    assert len(roles["job"]) == 1 and 1 <= len(roles["judge"]) <= 2, children
     assert not any(os.path.exists(os.path.join(d, "job.json")) for d in children.values())
   assert verify(cpu_server, "scaled_add").outcome == pb.OK
   time.sleep(1.0)
   after = {slot.name: _children(slot) for slot in slots}
-  assert all(len(c) == 2 for c in after.values()), after
-  used = [name for name in before if not set(before[name]) & set(after[name])]
-  assert len(used) == 1, (before, after)  # one slot ran the job with its pair, and made another
+  used = [n for n in before if _roles(before[n])["job"] != _roles(after[n])["job"]]
+  assert len(used) == 1, (before, after)  # one slot ran the job with its candidate's process
   assert [before[n] == after[n] for n in before].count(True) == len(slots) - 1
+  roles = _roles(after[used[0]])
+  assert len(roles["job"]) == 1 and 1 <= len(roles["judge"]) <= 2, after
 
 
 def test_two_pairs_wait_ahead_and_each_waits_through_one_job(cache_dir, toolchain):
@@ -227,7 +238,7 @@ def test_two_pairs_wait_ahead_and_each_waits_through_one_job(cache_dir, toolchai
   the younger waits through it (so a pair has two jobs' time to set up), then runs the one after;
   a new pair is forked per job, and a stopped server leaves none of their folders."""
   srv = verifier_harness.ServerThread(verifier_harness.make_config(
-      cache_dir, cpu_test_mode=True, slots_per_gpu=1, standby_pairs=2), toolchain)
+      cache_dir, cpu_test_mode=True, slots_per_gpu=1, standby_pairs=2, judge_jobs=1), toolchain)
   seen = []
   try:
     (slot,) = srv.scheduler.pool.slots
@@ -349,16 +360,22 @@ def _job_cpu(srv) -> dict[str, tuple[float, float]]:
           for p in ("judge", "candidate", "judge_until_report", "judge_after_report")}
 
 
-def test_a_finished_jobs_processes_report_their_cpu(cpu_server):
-  """Each job's two processes, once reaped, give their CPU from fork to exit (wait4) to the
-  server's metrics, the judge's split at its report; a slot's report arrives with its next job,
-  so jobs run until one has come (two slots: the third job at the latest)."""
-  before = _job_cpu(cpu_server)
-  for _ in range(4):
-    assert verify(cpu_server, "scaled_add").outcome == pb.OK
-    after = _job_cpu(cpu_server)
-    if after["judge"][1] > before["judge"][1]:
-      break
+def test_a_finished_jobs_processes_report_their_cpu(cache_dir, toolchain):
+  """With a judge per job (judge_jobs=1), each job's two processes, once reaped, give their CPU
+  from fork to exit (wait4) to the server's metrics, the judge's split at its report; a report
+  arrives with the slot's next job, so jobs run until one has come. (A kept judge's jobs report
+  the judge's part up to each report: tests/verifier/test_verifier_kept_judge.py.)"""
+  srv = verifier_harness.ServerThread(verifier_harness.make_config(
+      cache_dir, cpu_test_mode=True, slots_per_gpu=1, judge_jobs=1), toolchain)
+  try:
+    before = _job_cpu(srv)
+    for _ in range(4):
+      assert verify(srv, "scaled_add").outcome == pb.OK
+      after = _job_cpu(srv)
+      if after["judge"][1] > before["judge"][1]:
+        break
+  finally:
+    srv.stop()
   got = {p: (after[p][0] - before[p][0], after[p][1] - before[p][1]) for p in after}
   jobs = got["judge"][1]
   assert jobs >= 1 and all(count == jobs for _, count in got.values()), got
@@ -619,3 +636,22 @@ def test_torch_wrapping_its_own_functions_is_not_monkey_patching(cpu_server):
   candidate = "import torch._dynamo\n" + kernels.cpp_candidate("scaled_add")
   verdict = verify(cpu_server, "dynamo", candidate=candidate)
   assert verdict.outcome == pb.OK, verdict.message
+
+
+def test_job_processes_get_the_cuda_connections_the_server_sets(cache_dir, toolchain):
+  """cuda_device_max_connections reaches each worker's environment (its job processes inherit
+  it, and CUDA reads it as each makes its context); 0 leaves CUDA's default alone."""
+  with pytest.raises(ValueError, match="cuda_device_max_connections"):
+    verifier_harness.make_config(cache_dir, cuda_device_max_connections=-1)
+  seen = {}
+  for connections in (1, 0):
+    srv = verifier_harness.ServerThread(verifier_harness.make_config(
+        cache_dir, cpu_test_mode=True, slots_per_gpu=1,
+        cuda_device_max_connections=connections), toolchain)
+    try:
+      (slot,) = srv.scheduler.pool.slots
+      seen[connections] = psutil.Process(slot.info["pid"]).environ().get(
+          "CUDA_DEVICE_MAX_CONNECTIONS")
+    finally:
+      srv.stop()
+  assert seen == {1: "1", 0: os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS")}, seen

@@ -20,11 +20,13 @@ def make_config(cache_dir, **overrides) -> config_lib.ServerConfig:
   same candidate under new ids to run it again); test_verifier_text_key.py turns it on.
   DICE_VERIFIER_COMPILE_SPLIT=1 runs a suite with the compile stage's split path on (its servers
   then start serving once the split is ready), to check verdicts through it;
-  DICE_VERIFIER_JUDGE_JOBS=N with judges kept for N jobs (worker/process.py)."""
+  DICE_VERIFIER_JUDGE_JOBS=N with judges kept for N jobs (worker/process.py; 1: a judge per
+  job)."""
   base = dict(listen="127.0.0.1:0", cache_dir=cache_dir, compile_workers=2, queue_capacity=64,
               run_timeout_s=60.0, compile_timeout_s=600.0, timing_trials=5, program_cache_size=0,
-              compile_split=os.environ.get("DICE_VERIFIER_COMPILE_SPLIT") == "1",
-              judge_jobs=int(os.environ.get("DICE_VERIFIER_JUDGE_JOBS") or 1))
+              compile_split=os.environ.get("DICE_VERIFIER_COMPILE_SPLIT") == "1")
+  if os.environ.get("DICE_VERIFIER_JUDGE_JOBS"):  # else the server's default
+    base["judge_jobs"] = int(os.environ["DICE_VERIFIER_JUDGE_JOBS"])
   base.update(overrides)
   return config_lib.ServerConfig(**base)
 

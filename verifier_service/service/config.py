@@ -127,9 +127,11 @@ class ServerConfig:
   # reported on its own and ended OK, INCORRECT, RUNTIME_ERROR or REJECTED), so such a job makes
   # one CUDA context (the candidate's process's, which every job still gets) instead of two. Why:
   # one GPU makes ~5 contexts a second however many processes ask (H100, BENCHMARKS.md run 24),
-  # which bounds pairs at ~2.6 jobs/s per GPU. A kept judge's CPU limit covers all its jobs
-  # (job_process.judge_cpu_limit). 1: a judge per job. Off (1) until measured on a GPU.
-  judge_jobs: int = 1
+  # which bounds pairs at ~2.6 jobs/s per GPU; kept judges ran the run stage at 2.63 jobs/s
+  # against 1.73 (H100, run 25), DICE's 99 and the GPU hostile suite with unchanged outcomes.
+  # A kept judge's CPU limit covers all its jobs (job_process.judge_cpu_limit). 1: a judge per
+  # job (as before 2026-12-06); ignored without standby processes.
+  judge_jobs: int = 64
   # True: both sides of a job warm up at once under the GPU's timing lock (the judge the
   # reference while the candidate's process the candidate), not one after the other. Neither is
   # timed then; the lock, which every job's timing queues for, is held for one warm-up instead of
@@ -143,6 +145,13 @@ class ServerConfig:
   # compilers. Off until measured on a GPU (CPU per job, jobs/s, speedups: verifier_run_stage.py's
   # `blocking` variant, gpu_rl_speed.sh).
   cuda_blocking_sync: bool = False
+  # CUDA_DEVICE_MAX_CONNECTIONS for every job process (0: CUDA's default, 8 work queues a
+  # context). 1: a context has one hardware work queue, and the GPU makes contexts about twice as
+  # fast (H100, BENCHMARKS.md run 25: 8.59 against 4.38 contexts/s with 2 made at once, 12.57
+  # against 5.01 with 4; the run stage 2.85 against 1.73 jobs/s, 3.66 with kept judges). Kernels
+  # a candidate launches on several streams then share one queue (a multi-stream candidate may
+  # time slower than under KernelBench's harness). Off until DICE's 99 are compared with it.
+  cuda_device_max_connections: int = 0
   # Verdicts kept by program (service/text_key.py: the same problem, options and candidate but
   # for comments and layout); 0: only exact resends of a request id are answered from a cache.
   program_cache_size: int = 10_000
@@ -152,11 +161,11 @@ class ServerConfig:
       raise ValueError(f"policy must be one of {sorted(POLICIES)}, got {self.policy!r}")
     if self.standby_pairs < 1:
       raise ValueError(f"standby_pairs must be at least 1, got {self.standby_pairs}")
+    if self.cuda_device_max_connections < 0:
+      raise ValueError("cuda_device_max_connections must be 0 (CUDA's default) or more, got "
+                       f"{self.cuda_device_max_connections}")
     if self.judge_jobs < 1:
       raise ValueError(f"judge_jobs must be at least 1, got {self.judge_jobs}")
-    if self.judge_jobs > 1 and not self.standby_processes:
-      raise ValueError("judge_jobs above 1 needs standby processes (a worker keeps judges only "
-                       "between jobs of its standby pairs)")
     if not 0.0 < self.strict_min_fraction <= 1.0:
       raise ValueError(f"strict_min_fraction must be in (0, 1], got {self.strict_min_fraction}")
     self.compiler_options(gpus=False)  # the compile stage's settings are consistent

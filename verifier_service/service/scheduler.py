@@ -126,12 +126,14 @@ class Scheduler:
                                     config.compiler_options(gpus=bool(gpus)))
     pool = None
     spec = config.sandbox_spec(toolchain.cuda_root)
+    env = toolchain.build_env()
+    if config.cuda_device_max_connections:  # read by each job process's context as it is made
+      env["CUDA_DEVICE_MAX_CONNECTIONS"] = str(config.cuda_device_max_connections)
     if config.cpu_test_mode:
-      pool = pool_lib.WorkerPool.for_devices([], config.slots_per_gpu, toolchain.build_env(),
-                                             cpu_test_mode=True, sandbox=spec)
-    elif gpus:
-      pool = pool_lib.WorkerPool.for_devices(gpus, config.slots_per_gpu, toolchain.build_env(),
+      pool = pool_lib.WorkerPool.for_devices([], config.slots_per_gpu, env, cpu_test_mode=True,
                                              sandbox=spec)
+    elif gpus:
+      pool = pool_lib.WorkerPool.for_devices(gpus, config.slots_per_gpu, env, sandbox=spec)
     return cls(config, toolchain, compiler, pool)
 
   async def start(self) -> None:

@@ -135,6 +135,12 @@ def main(role: str, device: str, spec: dict[str, Any], job_dir: str, nonce: str,
       setup = setup or _setup(role, device, spec)  # `s` then `g`: the job is read once set up
       if command != b"g":
         continue
+      if role == JUDGE and setup is not None and not gc.get_freeze_count():
+        # What the worker and the set-up made lives as long as the process: frozen, it is never
+        # scanned again, and the collection after each job scans only what jobs made (a full one
+        # took ~0.09 s with torch's objects on a CPU VM; a kept judge read its next job 0.12 s
+        # after the hand-over on an H100 while collecting in full, BENCHMARKS.md run 25).
+        gc.freeze()
       job_setup = {**setup, "job_read_at": time.monotonic()}
       with open(JOB_FILE, encoding="utf-8") as f:
         job = envelope.Envelope.from_json(json.load(f))
