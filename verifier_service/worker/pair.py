@@ -224,6 +224,12 @@ class Process:
     """It exited (or was killed) without being reaped yet."""
     return bool(select.select([self.pidfd], [], [], 0)[0])
 
+  def end(self) -> None:
+    """Killed, reaped (waiting for the exit) and closed: a process no pair will reap."""
+    self.kill()
+    self.reap()
+    self.close()
+
   @property
   def status(self) -> dict[str, Any]:
     if self.wait_status is None:
@@ -254,7 +260,10 @@ def fork(role: str, device: str, spec: dict[str, Any], nonce: str,
     pid = os.fork()
   except OSError:
     for end in ends:
-      end.close() if isinstance(end, socket.socket) else os.close(end)
+      if isinstance(end, socket.socket):
+        end.close()
+      else:
+        os.close(end)
     shutil.rmtree(job_dir, ignore_errors=True)
     raise
   if pid == 0:
@@ -289,10 +298,6 @@ class Pair:
   def processes(self) -> list[Process]:
     return [p for p in (self.judge, self.candidate) if p is not None]
 
-  @property
-  def judge_dir(self) -> str:
-    return self.judge.job_dir if self.judge is not None else ""
-
   @classmethod
   def fork(cls, device: str, spec: dict[str, Any], with_judge: bool = True) -> Pair:
     """Forks the judge (unless `with_judge` is False: one is attached later), then the
@@ -307,9 +312,7 @@ class Pair:
     except OSError:
       judge_end.close()
       if judge is not None:
-        judge.kill()
-        judge.reap()
-        judge.close()
+        judge.end()
       raise
     finally:
       cand_end.close()

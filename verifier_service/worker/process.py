@@ -203,14 +203,9 @@ class _Slot:
   def _attach_judge(self, pair: pair_lib.Pair) -> bool:
     """Gives `pair` (forked without a judge) the judge kept from the last job if it still waits,
     else the reserve, else one forked now; False if none could be forked."""
-    for judge in (self.judge, self.reserve):
-      if judge is not None and judge.gone():  # died while waiting
-        judge.kill()
-        judge.reap()
-        judge.close()
-    judge = self.judge if self.judge is not None and self.judge.wait_status is None else None
-    self.judge = None
-    if judge is None and self.reserve is not None and self.reserve.wait_status is None:
+    judge, self.judge = _waiting(self.judge), None
+    self.reserve = _waiting(self.reserve)  # one that died is replaced by `prepare_next`
+    if judge is None and self.reserve is not None:
       judge, self.reserve, self.reserve_set_up = self.reserve, None, False
     if judge is None:
       try:
@@ -266,11 +261,18 @@ class _Slot:
       pair.reap(block=True)
     for judge in (self.judge, self.reserve):
       if judge is not None and judge.wait_status is None:
-        judge.close_start()
-        judge.kill()
-        judge.reap()
-        judge.close()
+        judge.end()
     self.judge = self.reserve = None
+
+
+def _waiting(judge: pair_lib.Process | None) -> pair_lib.Process | None:
+  """`judge` if it still waits for a job; one that died while waiting is reaped, and None."""
+  if judge is None or judge.wait_status is not None:
+    return None
+  if judge.gone():
+    judge.end()
+    return None
+  return judge
 
 
 def _scaled(spec: dict[str, Any], scale: int) -> dict[str, Any]:
